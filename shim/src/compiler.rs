@@ -1,0 +1,171 @@
+//! StableHLO text to VMFB through `libIREECompiler.so` from the PyPI wheel
+//! `iree-base-compiler`, located without the user activating a venv.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The IREE release this build's runtime is; the compiler must match it.
+pub const IREE_VERSION: &str = "3.13.0";
+
+/// What the compiled code runs on. The target is part of every cache key:
+/// `cpu = "host"` artifacts use this machine's instructions and are not portable.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// `llvm-cpu` for the named CPU (`host`, `generic`, `x86-64-v3`, ...).
+    Cpu { cpu: String },
+    /// NVIDIA GPUs (`cuda` cargo feature).
+    Cuda,
+    /// Vulkan SPIR-V (`vulkan` cargo feature).
+    Vulkan,
+}
+
+impl Target {
+    /// The CPU this process runs on: fastest, not portable.
+    pub fn host_cpu() -> Self {
+        Target::Cpu { cpu: "host".into() }
+    }
+
+    /// Compiler flags selecting this target.
+    pub fn flags(&self) -> Vec<String> {
+        match self {
+            Target::Cpu { cpu } => vec![
+                "--iree-hal-target-backends=llvm-cpu".into(),
+                format!("--iree-llvmcpu-target-cpu={cpu}"),
+            ],
+            Target::Cuda => vec!["--iree-hal-target-backends=cuda".into()],
+            Target::Vulkan => vec!["--iree-hal-target-backends=vulkan-spirv".into()],
+        }
+    }
+
+    /// A string that changes whenever code compiled for this target could
+    /// differ; for `host` it names this machine's CPU model and features.
+    pub fn fingerprint(&self) -> String {
+        match self {
+            Target::Cpu { cpu } if cpu == "host" => format!("llvm-cpu:host:{}", host_cpu_identity()),
+            Target::Cpu { cpu } => format!("llvm-cpu:{cpu}"),
+            Target::Cuda => "cuda".into(),
+            Target::Vulkan => "vulkan-spirv".into(),
+        }
+    }
+}
+
+/// The CPU model name and feature flags from `/proc/cpuinfo`, hashed.
+fn host_cpu_identity() -> String {
+    use sha2::Digest;
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let wanted = |l: &&str| l.starts_with("model name") || l.starts_with("flags");
+    let mut lines: Vec<&str> = info.lines().filter(wanted).collect();
+    lines.sort();
+    lines.dedup();
+    hex::encode(&sha2::Sha256::digest(lines.join("\n").as_bytes())[..8])
+}
+
+/// A loaded IREE compiler. Cheap to clone; the library stays loaded for the
+/// life of the process (IREE cannot be re-initialised after shutdown).
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    inner: eerie::compiler::Compiler,
+    revision: String,
+}
+
+impl Compiler {
+    /// Finds and loads the compiler: `$MLXCEL_IREE_COMPILER` (the library or
+    /// its directory), else the project venv (`$MLXCEL_VENV`, else `.venv` at
+    /// the workspace root).
+    pub fn locate() -> Result<Self> {
+        let mut searched = Vec::new();
+        for candidate in candidates() {
+            match candidate {
+                Candidate::Explicit(path) => return Compiler::load(&path),
+                Candidate::Venv(venv) => {
+                    if let Some(lib) = find_in_venv(&venv) {
+                        return Compiler::load(&lib);
+                    }
+                    searched.push(venv.display().to_string());
+                }
+            }
+        }
+        Err(Error::CompilerNotFound { searched: searched.join(", "), wanted: IREE_VERSION })
+    }
+
+    /// Loads the compiler library at `path` and checks its version.
+    pub fn load(path: &Path) -> Result<Self> {
+        let inner = eerie::compiler::Compiler::with_library(path)
+            .map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
+        let revision = inner
+            .get_revision()
+            .map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
+        // Official wheels report "3.13.0rc<date> @ <commit>" or "3.13.0 @ ...".
+        if !revision.starts_with(IREE_VERSION) {
+            return Err(Error::CompilerVersion { path: path.to_owned(), found: revision, wanted: IREE_VERSION });
+        }
+        Ok(Compiler { inner, revision })
+    }
+
+    /// The compiler's revision string; part of every cache key.
+    pub fn revision(&self) -> &str {
+        &self.revision
+    }
+
+    pub fn library_path(&self) -> &Path {
+        self.inner.library_path()
+    }
+
+    /// Compiles StableHLO (or any IREE input) text. `what` names the module
+    /// in errors; `extra_flags` follow the target's flags.
+    pub fn compile(&self, what: &str, mlir: &str, target: &Target, extra_flags: &[String]) -> Result<Vec<u8>> {
+        let mut flags = target.flags();
+        flags.extend(extra_flags.iter().cloned());
+        let _span = tracing::info_span!("compile", module = what).entered();
+        let started = std::time::Instant::now();
+        let vmfb = self.inner.compile_str(mlir, &flags).map_err(|e| Error::Compile {
+            what: what.to_owned(),
+            diagnostics: describe_compiler_error(e),
+        })?;
+        tracing::info!(bytes = vmfb.len(), elapsed_ms = started.elapsed().as_millis() as u64, "compiled");
+        Ok(vmfb)
+    }
+}
+
+fn describe_compiler_error(e: eerie::compiler::CompilerError) -> String {
+    use eerie::compiler::CompilerError as E;
+    match e {
+        E::IREECompilerError(err, diagnostics) => format!("{err}\n{diagnostics}").trim_end().to_owned(),
+        E::IREECompilerDiagnosticsError(diagnostics) => diagnostics.to_string().trim_end().to_owned(),
+        other => other.to_string(),
+    }
+}
+
+enum Candidate {
+    Explicit(PathBuf),
+    Venv(PathBuf),
+}
+
+fn candidates() -> Vec<Candidate> {
+    let mut out = Vec::new();
+    if let Some(p) = std::env::var_os("MLXCEL_IREE_COMPILER") {
+        out.push(Candidate::Explicit(PathBuf::from(p)));
+    }
+    if let Some(p) = std::env::var_os("MLXCEL_VENV") {
+        out.push(Candidate::Venv(PathBuf::from(p)));
+    }
+    // The venv tools/dev/setup.sh makes at the workspace root.
+    out.push(Candidate::Venv(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv")));
+    out
+}
+
+/// `<venv>/lib/python3.*/site-packages/iree/compiler/_mlir_libs/libIREECompiler.so`
+fn find_in_venv(venv: &Path) -> Option<PathBuf> {
+    let lib = venv.join("lib");
+    let mut pythons: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")))
+        .collect();
+    pythons.sort();
+    pythons
+        .into_iter()
+        .map(|p| p.join("site-packages/iree/compiler/_mlir_libs/libIREECompiler.so"))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,878 @@
+//! The IREE runtime: a device, weights served as IREE parameters from
+//! safetensors files, and sessions (one VM context each) holding the HAL,
+//! `io_parameters` and one or more bytecode modules. eerie 0.7's high-level
+//! runtime cannot register `io_parameters`, so this goes through the C API;
+//! every native object is a newtype whose `Drop` releases it.
+//!
+//! None of these types is `Send`: IREE handles are used from one thread.
+
+use std::{fmt, ptr::null_mut, rc::Rc};
+
+use crate::{
+    artifact::{Artifact, ParameterDecl},
+    checkpoint::Checkpoint,
+    error::{Error, Result},
+    ffi::{self, check, string_view, sys},
+    tensor::{DType, HostTensor, TensorDesc},
+};
+
+/// A HAL driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Driver {
+    /// Runs work inline on the calling thread; lowest overhead on small calls.
+    LocalSync,
+    /// A task system with one worker per core.
+    LocalTask,
+    #[cfg(feature = "cuda")]
+    Cuda,
+    #[cfg(feature = "vulkan")]
+    Vulkan,
+}
+
+impl Driver {
+    pub fn name(self) -> &'static str {
+        match self {
+            Driver::LocalSync => "local-sync",
+            Driver::LocalTask => "local-task",
+            #[cfg(feature = "cuda")]
+            Driver::Cuda => "cuda",
+            #[cfg(feature = "vulkan")]
+            Driver::Vulkan => "vulkan",
+        }
+    }
+}
+
+impl std::str::FromStr for Driver {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "local-sync" => Ok(Driver::LocalSync),
+            "local-task" => Ok(Driver::LocalTask),
+            #[cfg(feature = "cuda")]
+            "cuda" => Ok(Driver::Cuda),
+            #[cfg(feature = "vulkan")]
+            "vulkan" => Ok(Driver::Vulkan),
+            other => Err(Error::UnknownDriver(other.to_owned(), optional_drivers())),
+        }
+    }
+}
+
+fn optional_drivers() -> &'static str {
+    match (cfg!(feature = "cuda"), cfg!(feature = "vulkan")) {
+        (true, true) => ", cuda, vulkan",
+        (true, false) => ", cuda",
+        (false, true) => ", vulkan",
+        (false, false) => " (cuda and vulkan are cargo features, off in this build)",
+    }
+}
+
+struct DeviceInner {
+    instance: *mut sys::iree_vm_instance_t,
+    registry: *mut sys::iree_hal_driver_registry_t,
+    driver: *mut sys::iree_hal_driver_t,
+    device: *mut sys::iree_hal_device_t,
+    group: *mut sys::iree_hal_device_group_t,
+    kind: Driver,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // SAFETY: each pointer was created by `Device::new`, is released once,
+        // here, in reverse order of creation; null ones were never created.
+        unsafe {
+            if !self.group.is_null() {
+                sys::iree_hal_device_group_release(self.group);
+            }
+            if !self.device.is_null() {
+                sys::iree_hal_device_release(self.device);
+            }
+            if !self.driver.is_null() {
+                sys::iree_hal_driver_release(self.driver);
+            }
+            if !self.registry.is_null() {
+                sys::iree_hal_driver_registry_free(self.registry);
+            }
+            if !self.instance.is_null() {
+                sys::iree_vm_instance_release(self.instance);
+            }
+        }
+    }
+}
+
+/// A VM instance and one HAL device. Cheap to clone (reference counted).
+#[derive(Clone)]
+pub struct Device {
+    inner: Rc<DeviceInner>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device").field("driver", &self.inner.kind).finish()
+    }
+}
+
+impl Device {
+    /// Creates the VM instance and the driver's default device.
+    pub fn new(kind: Driver) -> Result<Self> {
+        let a = ffi::allocator();
+        let mut inner = DeviceInner {
+            instance: null_mut(),
+            registry: null_mut(),
+            driver: null_mut(),
+            device: null_mut(),
+            group: null_mut(),
+            kind,
+        };
+        // SAFETY: every out-pointer is a field of `inner`, whose Drop releases
+        // whatever was created if a later step fails.
+        unsafe {
+            check(
+                sys::iree_vm_instance_create(sys::IREE_VM_TYPE_CAPACITY_DEFAULT as usize, a, &mut inner.instance),
+                "creating the VM instance",
+            )?;
+            check(sys::iree_hal_module_register_all_types(inner.instance), "registering HAL types")?;
+            check(sys::iree_hal_driver_registry_allocate(a, &mut inner.registry), "allocating the driver registry")?;
+            check(sys::iree_hal_register_all_available_drivers(inner.registry), "registering HAL drivers")?;
+            check(
+                sys::iree_hal_driver_registry_try_create(inner.registry, string_view(kind.name()), a, &mut inner.driver),
+                "creating the HAL driver",
+            )?;
+            let mut pool = null_mut();
+            check(
+                sys::iree_async_proactor_pool_create(
+                    1,
+                    std::ptr::null(),
+                    sys::iree_async_proactor_pool_options_default(),
+                    a,
+                    &mut pool,
+                ),
+                "creating the proactor pool",
+            )?;
+            let params = sys::iree_hal_device_create_params_t { proactor_pool: pool, ..Default::default() };
+            let created = sys::iree_hal_driver_create_default_device(inner.driver, &params, a, &mut inner.device);
+            sys::iree_async_proactor_pool_release(pool);
+            check(created, "creating the HAL device")?;
+            let mut tracker = null_mut();
+            check(
+                sys::iree_async_frontier_tracker_create(
+                    sys::iree_async_frontier_tracker_options_t {
+                        axis_table_capacity: 256,
+                        session_epoch: 1,
+                        machine_index: 0,
+                    },
+                    a,
+                    &mut tracker,
+                ),
+                "creating the frontier tracker",
+            )?;
+            let grouped = sys::iree_hal_device_group_create_from_device(inner.device, tracker, a, &mut inner.group);
+            sys::iree_async_frontier_tracker_release(tracker);
+            check(grouped, "creating the device group")?;
+        }
+        tracing::debug!(driver = kind.name(), "device created");
+        Ok(Device { inner: Rc::new(inner) })
+    }
+
+    pub fn driver(&self) -> Driver {
+        self.inner.kind
+    }
+
+    /// Copies a host tensor into a new device buffer.
+    pub fn upload(&self, tensor: &HostTensor) -> Result<DeviceTensor> {
+        let desc = tensor.desc().clone();
+        let dims: Vec<sys::iree_hal_dim_t> = desc.shape.iter().map(|&d| d as sys::iree_hal_dim_t).collect();
+        let mut view = null_mut();
+        // SAFETY: `dims` and the tensor bytes outlive the call, which copies
+        // them; their lengths match the descriptor (checked by HostTensor).
+        unsafe {
+            check(
+                sys::iree_hal_buffer_view_allocate_buffer_copy(
+                    self.inner.device,
+                    sys::iree_hal_device_allocator(self.inner.device),
+                    dims.len(),
+                    dims.as_ptr(),
+                    element_type(desc.dtype),
+                    sys::iree_hal_encoding_types_t_IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR as _,
+                    sys::iree_hal_buffer_params_t {
+                        usage: sys::iree_hal_buffer_usage_bits_t_IREE_HAL_BUFFER_USAGE_DEFAULT as _,
+                        access: sys::iree_hal_memory_access_bits_t_IREE_HAL_MEMORY_ACCESS_ALL as _,
+                        type_: sys::iree_hal_memory_type_bits_t_IREE_HAL_MEMORY_TYPE_DEVICE_LOCAL as _,
+                        queue_affinity: 0,
+                        min_alignment: 0,
+                    },
+                    sys::iree_const_byte_span_t { data: tensor.bytes().as_ptr(), data_length: tensor.bytes().len() },
+                    &mut view,
+                ),
+                "uploading a tensor",
+            )?;
+        }
+        Ok(DeviceTensor { view, desc, device: self.clone() })
+    }
+}
+
+/// The IREE element type of a dtype.
+fn element_type(d: DType) -> sys::iree_hal_element_type_t {
+    (match d {
+        DType::F32 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_FLOAT_32,
+        DType::F16 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_FLOAT_16,
+        DType::BF16 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_BFLOAT_16,
+        DType::I64 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_INT_64,
+        DType::I32 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_INT_32,
+        DType::I8 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_INT_8,
+        DType::U8 => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_UINT_8,
+        DType::Bool => sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_BOOL_8,
+    }) as sys::iree_hal_element_type_t
+}
+
+/// The dtype of an IREE element type. Signless integers are what the
+/// compiler emits for MLIR `iN`, so they map like signed ones.
+fn dtype_of(t: sys::iree_hal_element_type_t) -> Result<DType> {
+    let all = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::I8, DType::U8, DType::Bool];
+    if let Some(d) = all.into_iter().find(|&d| element_type(d) == t) {
+        return Ok(d);
+    }
+    let signless = [
+        (sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_SINT_64, DType::I64),
+        (sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_SINT_32, DType::I32),
+        (sys::iree_hal_element_types_t_IREE_HAL_ELEMENT_TYPE_SINT_8, DType::I8),
+    ];
+    signless
+        .into_iter()
+        .find(|&(e, _)| e as sys::iree_hal_element_type_t == t)
+        .map(|(_, d)| d)
+        .ok_or(Error::UnsupportedElementType(t as u32))
+}
+
+/// A tensor in device memory (a retained HAL buffer view).
+pub struct DeviceTensor {
+    view: *mut sys::iree_hal_buffer_view_t,
+    desc: TensorDesc,
+    device: Device,
+}
+
+impl fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceTensor").field("desc", &self.desc).finish()
+    }
+}
+
+impl Clone for DeviceTensor {
+    fn clone(&self) -> Self {
+        // SAFETY: `view` is live while `self` is; the clone holds its own reference.
+        unsafe { sys::iree_hal_buffer_view_retain(self.view) };
+        DeviceTensor { view: self.view, desc: self.desc.clone(), device: self.device.clone() }
+    }
+}
+
+impl Drop for DeviceTensor {
+    fn drop(&mut self) {
+        // SAFETY: we hold one reference to `view`, released exactly once here.
+        unsafe { sys::iree_hal_buffer_view_release(self.view) };
+    }
+}
+
+impl DeviceTensor {
+    /// Wraps a retained buffer view, reading its type from IREE.
+    ///
+    /// # Safety
+    /// `view` must be a live buffer view whose reference passes to the result.
+    unsafe fn from_retained(view: *mut sys::iree_hal_buffer_view_t, device: &Device) -> Result<Self> {
+        // SAFETY: the caller guarantees `view` is live; the shape queries read
+        // `rank` dims from it.
+        let (etype, shape) = unsafe {
+            let rank = sys::iree_hal_buffer_view_shape_rank(view);
+            let shape = (0..rank).map(|i| sys::iree_hal_buffer_view_shape_dim(view, i) as usize).collect::<Vec<_>>();
+            (sys::iree_hal_buffer_view_element_type(view), shape)
+        };
+        // Constructed first so the view is released if the dtype is unknown.
+        let mut tensor = DeviceTensor { view, desc: TensorDesc::new(DType::U8, shape), device: device.clone() };
+        tensor.desc.dtype = dtype_of(etype)?;
+        Ok(tensor)
+    }
+
+    pub fn desc(&self) -> &TensorDesc {
+        &self.desc
+    }
+
+    /// Copies the tensor to host memory.
+    pub fn to_host(&self) -> Result<HostTensor> {
+        let len = self.desc.byte_len("reading a device tensor")?;
+        let mut bytes = vec![0u8; len];
+        // SAFETY: `bytes` has exactly the view's byte length (dense row-major,
+        // as the descriptor says); the transfer waits until it completes.
+        unsafe {
+            let buffer = sys::iree_hal_buffer_view_buffer(self.view);
+            check(
+                sys::iree_hal_device_transfer_d2h(
+                    self.device.inner.device,
+                    buffer,
+                    0,
+                    bytes.as_mut_ptr().cast(),
+                    len as _,
+                    sys::iree_hal_transfer_buffer_flag_bits_t_IREE_HAL_TRANSFER_BUFFER_FLAG_DEFAULT as _,
+                    sys::iree_timeout_t { type_: sys::iree_timeout_type_e_IREE_TIMEOUT_ABSOLUTE, nanos: i64::MAX as _ },
+                ),
+                "reading a device tensor",
+            )?;
+        }
+        HostTensor::from_bytes(self.desc.dtype, self.desc.shape.clone(), bytes)
+    }
+}
+
+/// Weights served to modules by name: an IREE parameter index over a
+/// checkpoint's safetensors files, under one scope (`model` by convention).
+pub struct Parameters {
+    provider: *mut ffi::ParameterProvider,
+    scope: String,
+    checkpoint: Checkpoint,
+}
+
+impl fmt::Debug for Parameters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Parameters")
+            .field("scope", &self.scope)
+            .field("files", &self.checkpoint.files())
+            .field("tensors", &self.checkpoint.tensors().len())
+            .finish()
+    }
+}
+
+impl Drop for Parameters {
+    fn drop(&mut self) {
+        // SAFETY: we own one reference to the provider, released once here.
+        unsafe { ffi::iree_io_parameter_provider_release(self.provider) };
+    }
+}
+
+impl Parameters {
+    /// Indexes the (already validated) checkpoint's files. IREE reads tensor
+    /// bytes from the files itself when a module loads; we copy none.
+    pub fn new(scope: &str, checkpoint: Checkpoint) -> Result<Self> {
+        let a = ffi::allocator();
+        let mut index = null_mut();
+        // SAFETY: the index is released on every path after the provider
+        // (which retains it) is created or creation fails.
+        unsafe {
+            check(ffi::iree_io_parameter_index_create(a, &mut index), "creating a parameter index")?;
+            let indexed = index_files(index, &checkpoint);
+            let mut provider = null_mut();
+            let created = indexed.and_then(|()| {
+                check(
+                    ffi::iree_io_parameter_index_provider_create(string_view(scope), index, 16, a, &mut provider),
+                    "creating the parameter provider",
+                )
+            });
+            ffi::iree_io_parameter_index_release(index);
+            created?;
+            Ok(Parameters { provider, scope: scope.to_owned(), checkpoint })
+        }
+    }
+
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// Checks that every parameter a module declares is in the checkpoint
+    /// with the declared type, so a mismatch is named before IREE loads it.
+    pub fn check_module(&self, decls: &[ParameterDecl]) -> Result<()> {
+        for decl in decls {
+            if decl.scope != self.scope {
+                return Err(Error::ParameterScope { scope: decl.scope.clone(), provided: self.scope.clone() });
+            }
+            let entry = self.checkpoint.get(&decl.key).ok_or_else(|| Error::ParameterMissing {
+                key: decl.key.clone(),
+                files: self.checkpoint.describe_files(),
+            })?;
+            if let Some(want) = &decl.desc {
+                let found = entry.desc();
+                if found.as_ref() != Some(want) {
+                    return Err(Error::ParameterMismatch {
+                        key: decl.key.clone(),
+                        found: format!("{} {:?}", entry.dtype, entry.shape),
+                        wanted: want.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds every file of `checkpoint` to `index`.
+///
+/// # Safety
+/// `index` must be a live parameter index.
+unsafe fn index_files(index: *mut ffi::ParameterIndex, checkpoint: &Checkpoint) -> Result<()> {
+    let a = ffi::allocator();
+    for path in checkpoint.files() {
+        let path = path.to_string_lossy();
+        let mut handle = null_mut();
+        // SAFETY: `path` outlives both calls; the index retains the handle it
+        // needs, so ours is released right after parsing.
+        unsafe {
+            check(
+                sys::iree_io_file_handle_open(
+                    (sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_READ
+                        | sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_RANDOM_ACCESS) as _,
+                    string_view(&path),
+                    a,
+                    &mut handle,
+                ),
+                "opening a checkpoint file",
+            )?;
+            let parsed = ffi::iree_io_parse_file_index(string_view(&path), handle, index, a);
+            sys::iree_io_file_handle_release(handle);
+            check(parsed, "indexing a checkpoint file")?;
+        }
+    }
+    // SAFETY: `index` is live (caller's contract).
+    let count = unsafe { ffi::iree_io_parameter_index_count(index) };
+    tracing::debug!(files = checkpoint.files().len(), tensors = count, "parameters indexed");
+    Ok(())
+}
+
+/// How a function's argument is declared in its ABI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgSpec {
+    /// A tensor; `None` dims are dynamic.
+    Tensor { dtype: DType, dims: Vec<Option<usize>> },
+    /// Anything else (the shim passes only tensors).
+    Other(String),
+}
+
+impl ArgSpec {
+    fn parse(ty: &str) -> ArgSpec {
+        let parsed = (|| {
+            let inner = ty.strip_prefix("tensor<")?.strip_suffix('>')?;
+            let mut parts: Vec<&str> = inner.split('x').collect();
+            let dtype = DType::from_mlir(parts.pop()?)?;
+            let dims = parts.iter().map(|p| if *p == "?" { Some(None) } else { p.parse().ok().map(Some) });
+            Some(ArgSpec::Tensor { dtype, dims: dims.collect::<Option<Vec<_>>>()? })
+        })();
+        parsed.unwrap_or_else(|| ArgSpec::Other(ty.to_owned()))
+    }
+
+    fn check(&self, got: &TensorDesc, context: &str) -> Result<()> {
+        let ArgSpec::Tensor { dtype, dims } = self else {
+            return Err(Error::Iree {
+                operation: "argument check",
+                message: format!("{context} is declared as {self:?}; only tensors can be passed"),
+            });
+        };
+        if got.dtype != *dtype {
+            return Err(Error::DTypeMismatch { context: context.to_owned(), got: got.dtype, want: *dtype });
+        }
+        if got.shape.len() != dims.len() {
+            return Err(Error::RankMismatch { context: context.to_owned(), got: got.shape.len(), want: dims.len() });
+        }
+        if got.shape.iter().zip(dims).any(|(g, w)| w.is_some_and(|w| w != *g)) {
+            return Err(Error::ShapeMismatch {
+                context: context.to_owned(),
+                got: got.shape.clone(),
+                want: dims.iter().map(|d| d.unwrap_or(0)).collect(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An exported function and its declared arguments.
+#[derive(Clone, Debug)]
+pub struct FunctionInfo {
+    /// `module.function`.
+    pub name: String,
+    /// Declared arguments, when the module carries ABI reflection.
+    pub args: Option<Vec<ArgSpec>>,
+    function: sys::iree_vm_function_t,
+}
+
+/// Reads the arguments out of an `iree.abi.declaration` such as
+/// `sync func @f(%input0: tensor<4xf32>, %input1: tensor<i32>) -> (...)`.
+fn parse_declaration(decl: &str) -> Option<Vec<ArgSpec>> {
+    let open = decl.find('(')?;
+    let mut depth = 0usize;
+    let mut end = None;
+    for (i, c) in decl[open..].char_indices() {
+        match c {
+            '(' | '<' => depth += 1,
+            ')' | '>' => {
+                depth -= 1;
+                if depth == 0 && c == ')' {
+                    end = Some(open + i);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let inner = &decl[open + 1..end?];
+    if inner.trim().is_empty() {
+        return Some(Vec::new());
+    }
+    // Split on top-level commas.
+    let (mut args, mut depth, mut start) = (Vec::new(), 0usize, 0usize);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '<' | '(' | '{' | '[' => depth += 1,
+            '>' | ')' | '}' | ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                args.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    args.push(&inner[start..]);
+    Some(
+        args.iter()
+            .map(|a| {
+                let ty = a.split_once(':').map_or(*a, |(_, t)| t).trim();
+                // Drop trailing attribute dictionaries, e.g. `{iree.abi.output = 0}`.
+                let ty = ty.split(" {").next().unwrap_or(ty).trim();
+                ArgSpec::parse(ty)
+            })
+            .collect(),
+    )
+}
+
+/// One of the tensors passed to a call.
+#[derive(Debug)]
+pub enum Arg<'a> {
+    /// Uploaded for this call.
+    Host(&'a HostTensor),
+    /// Already on the device; passed by reference, no copy.
+    Device(&'a DeviceTensor),
+}
+
+impl<'a> From<&'a HostTensor> for Arg<'a> {
+    fn from(t: &'a HostTensor) -> Self {
+        Arg::Host(t)
+    }
+}
+
+impl<'a> From<&'a DeviceTensor> for Arg<'a> {
+    fn from(t: &'a DeviceTensor) -> Self {
+        Arg::Device(t)
+    }
+}
+
+/// A VM variant list, released on drop.
+struct VmList(*mut sys::iree_vm_list_t);
+
+impl VmList {
+    fn new(capacity: usize) -> Result<Self> {
+        let mut list = null_mut();
+        // SAFETY: plain creation into a local out-pointer.
+        unsafe {
+            check(
+                sys::iree_vm_list_create(sys::iree_vm_type_def_t::default(), capacity, ffi::allocator(), &mut list),
+                "creating a VM list",
+            )?;
+        }
+        Ok(VmList(list))
+    }
+}
+
+impl Drop for VmList {
+    fn drop(&mut self) {
+        // SAFETY: we own the list's only reference.
+        unsafe { sys::iree_vm_list_release(self.0) };
+    }
+}
+
+/// A loaded module: the bytecode module and the VMFB bytes it points into.
+struct LoadedModule {
+    module: *mut sys::iree_vm_module_t,
+    // The bytecode module references these bytes without copying them, so
+    // they are dropped only after the module and the context are released.
+    _vmfb: Box<[u8]>,
+}
+
+/// One VM context: the HAL module, the `io_parameters` module (when weights
+/// are given) and the bytecode modules, sharing their globals (for example a
+/// device-resident KV cache) across calls.
+pub struct Session {
+    context: *mut sys::iree_vm_context_t,
+    device: Device,
+    functions: Vec<FunctionInfo>,
+    system_modules: Vec<*mut sys::iree_vm_module_t>,
+    modules: Vec<LoadedModule>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("device", &self.device)
+            .field("functions", &self.functions.iter().map(|f| &f.name).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // SAFETY: the context is released first (it retains the modules),
+        // then our own module references, then the VMFB bytes (field drop).
+        unsafe {
+            if !self.context.is_null() {
+                sys::iree_vm_context_release(self.context);
+            }
+            for m in &self.modules {
+                sys::iree_vm_module_release(m.module);
+            }
+            for &m in &self.system_modules {
+                sys::iree_vm_module_release(m);
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Creates a context holding `artifacts` (in order; later modules may
+    /// import earlier ones), with `parameters` serving their weights.
+    /// Parameter declarations are checked against the checkpoint first.
+    /// Loading is atomic: on any error nothing stays loaded.
+    pub fn new(device: &Device, parameters: Option<&Parameters>, artifacts: &[&Artifact]) -> Result<Self> {
+        for artifact in artifacts {
+            match parameters {
+                Some(p) => p.check_module(&artifact.meta.parameters)?,
+                None => {
+                    if let Some(decl) = artifact.meta.parameters.first() {
+                        return Err(Error::ParameterScope { scope: decl.scope.clone(), provided: "none".into() });
+                    }
+                }
+            }
+        }
+        let a = ffi::allocator();
+        let instance = device.inner.instance;
+        let mut session = Session {
+            context: null_mut(),
+            device: device.clone(),
+            functions: Vec::new(),
+            system_modules: Vec::new(),
+            modules: Vec::new(),
+        };
+        // SAFETY: every created object is pushed into `session` right away,
+        // so its Drop releases it if a later step fails.
+        unsafe {
+            let mut hal = null_mut();
+            check(
+                sys::iree_hal_module_create(
+                    instance,
+                    sys::iree_hal_module_device_policy_default(),
+                    device.inner.group,
+                    sys::iree_hal_module_flag_bits_t_IREE_HAL_MODULE_FLAG_SYNCHRONOUS as _,
+                    sys::iree_hal_module_debug_sink_null(),
+                    a,
+                    &mut hal,
+                ),
+                "creating the HAL module",
+            )?;
+            session.system_modules.push(hal);
+            if let Some(p) = parameters {
+                let mut io = null_mut();
+                check(
+                    ffi::iree_io_parameters_module_create(instance, 1, &p.provider, a, &mut io),
+                    "creating the io_parameters module",
+                )?;
+                session.system_modules.push(io);
+            }
+            for artifact in artifacts {
+                let vmfb: Box<[u8]> = artifact.vmfb.clone().into_boxed_slice();
+                let mut module = null_mut();
+                check(
+                    sys::iree_vm_bytecode_module_create(
+                        instance,
+                        sys::iree_vm_bytecode_module_flags_e_IREE_VM_BYTECODE_MODULE_FLAG_NONE,
+                        sys::iree_const_byte_span_t { data: vmfb.as_ptr(), data_length: vmfb.len() },
+                        // A null allocator: IREE never frees these bytes; we do.
+                        sys::iree_allocator_t { self_: null_mut(), ctl: None },
+                        a,
+                        &mut module,
+                    ),
+                    "loading a compiled module",
+                )
+                .map_err(|e| name_error(e, &artifact.meta.name))?;
+                session.modules.push(LoadedModule { module, _vmfb: vmfb });
+            }
+            let mut all: Vec<*mut sys::iree_vm_module_t> = session.system_modules.clone();
+            all.extend(session.modules.iter().map(|m| m.module));
+            let started = std::time::Instant::now();
+            // Context creation runs module initialisers, which load parameters.
+            check(
+                sys::iree_vm_context_create_with_modules(
+                    instance,
+                    sys::iree_vm_context_flag_bits_t_IREE_VM_CONTEXT_FLAG_NONE as _,
+                    all.len(),
+                    all.as_mut_ptr(),
+                    a,
+                    &mut session.context,
+                ),
+                "creating the VM context (this loads parameters)",
+            )?;
+            tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "context created");
+            for m in &session.modules {
+                session.functions.extend(exported_functions(m.module)?);
+            }
+        }
+        Ok(session)
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Every exported function, as `module.function`.
+    pub fn functions(&self) -> &[FunctionInfo] {
+        &self.functions
+    }
+
+    /// Looks up an exported function by `module.function` name.
+    pub fn function(&self, name: &str) -> Result<&FunctionInfo> {
+        self.functions.iter().find(|f| f.name == name).ok_or_else(|| Error::FunctionNotFound {
+            name: name.to_owned(),
+            exported: self.functions.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// Calls `name` with tensor arguments and returns its tensor results.
+    /// Arguments are checked against the declared signature before the call.
+    /// A device tensor passed to a function that updates it in place is
+    /// consumed: IREE may write through it.
+    pub fn call(&self, name: &str, args: &[Arg<'_>]) -> Result<Vec<DeviceTensor>> {
+        let f = self.function(name)?;
+        if let Some(specs) = &f.args {
+            if specs.len() != args.len() {
+                return Err(Error::ArgumentCount { function: name.to_owned(), expected: specs.len(), got: args.len() });
+            }
+            for (i, (spec, arg)) in specs.iter().zip(args).enumerate() {
+                let desc = match arg {
+                    Arg::Host(t) => t.desc(),
+                    Arg::Device(t) => t.desc(),
+                };
+                spec.check(desc, &format!("{name} argument {i}"))?;
+            }
+        }
+        // Uploads happen before any list work so a failure leaks nothing.
+        let uploaded: Vec<DeviceTensor> = args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Host(t) => Some(self.device.upload(t)),
+                Arg::Device(_) => None,
+            })
+            .collect::<Result<_>>()?;
+        let mut uploaded = uploaded.iter();
+        let inputs = VmList::new(args.len())?;
+        for arg in args {
+            let t = match arg {
+                Arg::Host(_) => uploaded.next().expect("invariant: one upload per host argument"),
+                Arg::Device(t) => t,
+            };
+            // SAFETY: `t.view` is live; the list takes its own reference.
+            unsafe {
+                let mut r = sys::iree_hal_buffer_view_retain_ref(t.view);
+                check(sys::iree_vm_list_push_ref_move(inputs.0, &mut r), "passing an argument")?;
+            }
+        }
+        let outputs = VmList::new(4)?;
+        // SAFETY: the context, function and both lists are live for the call.
+        unsafe {
+            check(
+                sys::iree_vm_invoke(
+                    self.context,
+                    f.function,
+                    sys::iree_vm_invocation_flag_bits_t_IREE_VM_INVOCATION_FLAG_NONE as _,
+                    std::ptr::null(),
+                    inputs.0,
+                    outputs.0,
+                    ffi::allocator(),
+                ),
+                "running a function",
+            )
+            .map_err(|e| name_error(e, name))?;
+        }
+        // SAFETY: `outputs` is live; each element is retained before wrapping.
+        let count = unsafe { sys::iree_vm_list_size(outputs.0) };
+        let mut results = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: index < size; get_ref_retain gives us one reference,
+            // which check_deref borrows and `from_retained` takes over.
+            unsafe {
+                let mut r = sys::iree_vm_ref_t::default();
+                check(sys::iree_vm_list_get_ref_retain(outputs.0, i, &mut r), "reading a result")?;
+                let mut view = null_mut();
+                if let Err(e) = check(sys::iree_hal_buffer_view_check_deref(r, &mut view), "reading a result") {
+                    sys::iree_vm_ref_release(&mut r);
+                    return Err(e);
+                }
+                results.push(DeviceTensor::from_retained(view, &self.device)?);
+            }
+        }
+        Ok(results)
+    }
+}
+
+/// Prefixes an IREE error with the module or function it came from.
+fn name_error(e: Error, name: &str) -> Error {
+    match e {
+        Error::Iree { operation, message } => Error::Iree { operation, message: format!("{name}: {message}") },
+        other => other,
+    }
+}
+
+/// Lists a bytecode module's exports with their reflected signatures.
+///
+/// # Safety
+/// `module` must be a live module.
+unsafe fn exported_functions(module: *mut sys::iree_vm_module_t) -> Result<Vec<FunctionInfo>> {
+    // SAFETY: `module` is live (caller's contract); names and attributes are
+    // copied out while it is.
+    unsafe {
+        let module_name = ffi::owned_string(sys::iree_vm_module_name(module));
+        let signature = sys::iree_vm_module_signature(module);
+        let mut out = Vec::with_capacity(signature.export_function_count);
+        for ordinal in 0..signature.export_function_count {
+            let mut function = sys::iree_vm_function_t::default();
+            check(
+                sys::iree_vm_module_lookup_function_by_ordinal(
+                    module,
+                    sys::iree_vm_function_linkage_e_IREE_VM_FUNCTION_LINKAGE_EXPORT,
+                    ordinal,
+                    &mut function,
+                ),
+                "listing exported functions",
+            )?;
+            let name = ffi::owned_string(sys::iree_vm_function_name(&function));
+            let decl = ffi::owned_string(sys::iree_vm_function_lookup_attr_by_name(
+                &function,
+                string_view("iree.abi.declaration"),
+            ));
+            let args = if decl.is_empty() { None } else { parse_declaration(&decl) };
+            out.push(FunctionInfo { name: format!("{module_name}.{name}"), args, function });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declarations_parse_into_argument_specs() {
+        let d = "sync func @step(%input0: tensor<1x4xf32>, %input1: tensor<i32>, %input2: tensor<?x4xbf16> {iree.abi.output = 0 : index}) -> (%output0: tensor<1x4xf32>)";
+        let args = parse_declaration(d).expect("parses");
+        assert_eq!(
+            args,
+            vec![
+                ArgSpec::Tensor { dtype: DType::F32, dims: vec![Some(1), Some(4)] },
+                ArgSpec::Tensor { dtype: DType::I32, dims: vec![] },
+                ArgSpec::Tensor { dtype: DType::BF16, dims: vec![None, Some(4)] },
+            ]
+        );
+        assert_eq!(parse_declaration("sync func @noop() -> ()"), Some(vec![]));
+    }
+}

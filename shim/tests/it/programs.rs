@@ -1,0 +1,94 @@
+//! Small programs compiled from StableHLO and run on both CPU drivers,
+//! checked against results computed by hand in the test.
+
+use mlxcel_shim::{Arg, HostTensor};
+
+use crate::support::{DRIVERS, assert_close, compile, session};
+
+const ATTENTION: &str = r#"
+module @attn {
+  func.func @step(%q: tensor<1x4xf32>, %k: tensor<3x4xf32>, %v: tensor<3x4xf32>) -> tensor<1x4xf32> {
+    %s = stablehlo.dot_general %q, %k, contracting_dims = [1] x [1] : (tensor<1x4xf32>, tensor<3x4xf32>) -> tensor<1x3xf32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %mx = stablehlo.reduce(%s init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<1x3xf32>, tensor<f32>) -> tensor<1xf32>
+    %mxb = stablehlo.broadcast_in_dim %mx, dims = [0] : (tensor<1xf32>) -> tensor<1x3xf32>
+    %e = stablehlo.exponential (stablehlo.subtract %s, %mxb : tensor<1x3xf32>) : tensor<1x3xf32>
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    %sum = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<1x3xf32>, tensor<f32>) -> tensor<1xf32>
+    %sumb = stablehlo.broadcast_in_dim %sum, dims = [0] : (tensor<1xf32>) -> tensor<1x3xf32>
+    %p = stablehlo.divide %e, %sumb : tensor<1x3xf32>
+    %o = stablehlo.dot_general %p, %v, contracting_dims = [1] x [0] : (tensor<1x3xf32>, tensor<3x4xf32>) -> tensor<1x4xf32>
+    return %o : tensor<1x4xf32>
+  }
+  func.func @scale_i32(%x: tensor<5xi32>, %by: tensor<i32>) -> tensor<5xi32> {
+    %b = stablehlo.broadcast_in_dim %by, dims = [] : (tensor<i32>) -> tensor<5xi32>
+    %r = stablehlo.multiply %x, %b : tensor<5xi32>
+    return %r : tensor<5xi32>
+  }
+}
+"#;
+
+/// softmax(q k^T) v, in f64, the way one writes it on paper.
+fn attention_by_hand(q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+    let scores: Vec<f64> =
+        (0..3).map(|j| (0..4).map(|c| f64::from(q[c]) * f64::from(k[j * 4 + c])).sum::<f64>()).collect();
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = exps.iter().sum();
+    (0..4).map(|c| (0..3).map(|j| exps[j] / total * f64::from(v[j * 4 + c])).sum::<f64>() as f32).collect()
+}
+
+#[test]
+fn attention_step_matches_hand_computation_on_both_drivers() {
+    let artifact = compile("attn", ATTENTION);
+    let q = [0.5f32, -1.0, 0.25, 2.0];
+    let k = [1.0f32, 0.0, 0.5, 0.25, -0.5, 1.0, 0.0, 0.75, 0.3, 0.3, -0.2, 0.1];
+    let v = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.5, 0.0, 2.0, 0.25, 0.75, -3.0, 1.0];
+    let want = attention_by_hand(&q, &k, &v);
+    for driver in DRIVERS {
+        let s = session(driver, &artifact);
+        let q = HostTensor::from_slice(vec![1, 4], &q).expect("q");
+        let k = HostTensor::from_slice(vec![3, 4], &k).expect("k");
+        let v = HostTensor::from_slice(vec![3, 4], &v).expect("v");
+        let out = s.call("attn.step", &[Arg::from(&q), (&k).into(), (&v).into()]).expect("runs");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].desc().shape, vec![1, 4]);
+        let got = out[0].to_host().expect("read").to_vec::<f32>().expect("f32");
+        assert_close(&got, &want, 1e-6);
+    }
+}
+
+#[test]
+fn integer_and_scalar_tensors_round_trip() {
+    let artifact = compile("attn", ATTENTION);
+    for driver in DRIVERS {
+        let s = session(driver, &artifact);
+        let x = HostTensor::from_slice(vec![5], &[1i32, -2, 3, 40, 0]).expect("x");
+        let by = HostTensor::scalar(-3i32);
+        let out = s.call("attn.scale_i32", &[(&x).into(), (&by).into()]).expect("runs");
+        assert_eq!(out[0].to_host().expect("read").to_vec::<i32>().expect("i32"), vec![-3, 6, -9, -120, 0]);
+    }
+}
+
+#[test]
+fn device_results_feed_the_next_call_without_host_copies() {
+    let artifact = compile("attn", ATTENTION);
+    let s = session(mlxcel_shim::Driver::LocalSync, &artifact);
+    let x = HostTensor::from_slice(vec![5], &[1i32, 2, 3, 4, 5]).expect("x");
+    let two = HostTensor::scalar(2i32);
+    let mut current = s.call("attn.scale_i32", &[(&x).into(), (&two).into()]).expect("runs").remove(0);
+    for _ in 0..3 {
+        current = s.call("attn.scale_i32", &[(&current).into(), (&two).into()]).expect("runs").remove(0);
+    }
+    assert_eq!(current.to_host().expect("read").to_vec::<i32>().expect("i32"), vec![16, 32, 48, 64, 80]);
+}
+
+#[test]
+fn compile_errors_carry_the_compiler_diagnostics() {
+    let target = mlxcel_shim::Target::host_cpu();
+    let bad = "func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n  %y = stablehlo.add %x, %undefined : tensor<4xf32>\n  return %y : tensor<4xf32>\n}";
+    let err = crate::support::compiler().compile("broken", bad, &target, &[]).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("compiling broken failed"), "{text}");
+    assert!(text.contains("undefined"), "the diagnostic names the bad value: {text}");
+}
