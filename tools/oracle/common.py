@@ -1,0 +1,533 @@
+"""Shared machinery for the reference oracle: tiny checkpoints and per-stage golden tensors.
+
+Every family script (`gen_<family>.py`) builds a tiny random-weight model in the exact Hugging Face layout,
+writes it to `tests/fixtures/<name>/`, reloads it from disk, and records golden tensors for each prompt
+variant from the *reloaded* checkpoint, so whatever the Rust side loads is exactly what produced the goldens.
+
+Layout of one fixture directory:
+
+    config.json, generation_config.json, model.safetensors,     the checkpoint (fp32, one shard)
+    tokenizer.json, tokenizer_config.json, chat_template.jinja,
+    processor_config.json (VLMs)
+    inputs/<image>.png                                          images the prompts refer to
+    goldens/<variant>.safetensors                               tensors per stage (batch dimension dropped)
+    goldens/<variant>.json                                      ints, text and metadata for that variant
+    provenance.json                                             reference, versions, seed, command
+
+Run a family script with `--check` to recompute every golden from the committed fixture without writing
+anything; it fails on the first byte that differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import save as st_save
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+
+SEED = 1234
+# Prefill chunk the decoder issue (#5) compiles for; the "long" variants are longer than one chunk.
+PREFILL_CHUNK = 32
+GREEDY_TOKENS = 16
+# The byte-level BPE base every tiny tokenizer shares; family special tokens follow at ids >= BASE_VOCAB.
+BASE_VOCAB = 384
+GOLDEN_FORMAT = 1
+
+# Prompts shared by the families, so fixtures are comparable across them.
+SHORT_PROMPT = "Describe this image."
+TEXT_PROMPT = "Say hello."
+LONG_PROMPT = (
+    "You are looking at a small synthetic test picture made of colour gradients and a checkerboard. "
+    "Explain which colours appear in each corner."
+)
+TWO_IMAGE_PROMPT = "Compare the two pictures."
+
+# A fixed training corpus written for this project, so tokenizers never depend on downloaded text or on the
+# Python version's own files.
+_CORPUS = """
+The oracle builds tiny models with random weights and records what the reference computes at every stage.
+A picture goes through the processor, the vision encoder, the projector, and then into the language model.
+Each stage is written down as a tensor so that another implementation can find the first place it differs.
+Small models run in milliseconds, which keeps the whole check fast enough to run on every change.
+The tokenizer is trained on this text only; it knows a few hundred pieces of English and every byte.
+Describe this image. What is in this picture? Compare the two pictures. Write a short sentence about the sea.
+The sea was calm and grey in the morning, and the boats left the harbour one after another.
+Colours, corners, squares, gradients, lines and shapes: a careful reader notices the edges first.
+Explain step by step which colours appear in each corner and where the pattern changes.
+Numbers such as 1, 2, 3, 10, 42 and 2024 appear in text too, and so do punctuation marks like ; : ! ?
+Models read tokens, attend to earlier tokens, and predict the next one, greedily or by sampling.
+A key and value cache keeps the work of earlier tokens so that decoding a new token is cheap.
+Positions tell the model where each token sits; images use three coordinates: time, height and width.
+The user asks, the assistant answers, and the system sets the scene for the conversation.
+"""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# environment
+
+
+def setup_torch() -> None:
+    """One thread and deterministic kernels: the goldens must be byte-identical run to run."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(SEED)
+    np.random.seed(SEED)
+
+
+def versions(*extra: str) -> dict[str, str]:
+    import importlib.metadata as md
+
+    names = ["torch", "transformers", "tokenizers", "safetensors", "pillow", "numpy", "torchvision", *extra]
+    out = {"python": sys.version.split()[0]}
+    for n in names:
+        out[n] = md.version(n)
+    return out
+
+
+def parse_args(doc: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--check", action="store_true", help="recompute goldens from the committed fixture, write nothing")
+    return ap.parse_args()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def build_tokenizer(specials: list[str]):
+    """A byte-level BPE with exactly BASE_VOCAB ids (Qwen2 split regex) plus `specials` at BASE_VOCAB + i."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    split = (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+        r"|\s+(?!\S)|\s+"
+    )
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=BASE_VOCAB,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator([line for line in _CORPUS.splitlines() if line], trainer=trainer)
+    if tok.get_vocab_size() != BASE_VOCAB:
+        raise RuntimeError(f"base vocab is {tok.get_vocab_size()}, expected {BASE_VOCAB}: grow the corpus")
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    for i, s in enumerate(specials):
+        assert tok.token_to_id(s) == BASE_VOCAB + i, s
+    return tok
+
+
+def hf_tokenizer(specials: list[str], chat_template: str | None = None, **named_tokens: str):
+    """Wrap `build_tokenizer(specials)` as a transformers tokenizer.
+
+    Any `<name>_token` keyword becomes a named attribute (eos_token, image_token, boi_token, ...), which some
+    processors read."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(specials), **named_tokens)
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
+
+
+def special_ids(specials: list[str]) -> dict[str, int]:
+    return {s: BASE_VOCAB + i for i, s in enumerate(specials)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# weights and inputs
+
+
+def randomize(model: torch.nn.Module, seed: int = SEED + 1, vec_std: float = 0.1) -> torch.nn.Module:
+    """Redraw every float parameter so each stage is O(1) and no tensor is constant.
+
+    Matrices, embeddings and convolutions get N(0, 1/fan_in). Vectors (norm weights, biases, scalars) keep
+    their default value plus N(0, vec_std) noise, so LayerNorm weights stay near 1 and Gemma's (1 + w) weights
+    near 0. Default initialisations would hide bugs: zero projectors (Gemma3), norms exactly 1, biases exactly
+    0, and std-0.02 attention that is nearly uniform (hiding RoPE and mask errors)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if not p.is_floating_point():
+                continue
+            if p.dim() >= 2:
+                fan_in = int(np.prod(p.shape[1:]))
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) / fan_in**0.5)
+            else:
+                p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * vec_std)
+    return model.eval()
+
+
+def synthetic_image(width: int, height: int, kind: int = 0) -> Image.Image:
+    """A deterministic RGB picture: gradients plus a checkerboard, so resizing has real edges to blur."""
+    y, x = np.mgrid[0:height, 0:width]
+    r = (x * 255 // max(width - 1, 1)).astype(np.uint8)
+    g = (y * 255 // max(height - 1, 1)).astype(np.uint8)
+    cell = 7 + 2 * kind
+    b = ((((x // cell) + (y // cell)) % 2) * 200 + 25).astype(np.uint8)
+    if kind % 2 == 1:
+        r, b = b, 255 - r
+    return Image.fromarray(np.stack([r, g, b], -1), "RGB")
+
+
+def save_image(img: Image.Image, fixture: Path, name: str) -> str:
+    rel = f"inputs/{name}.png"
+    (fixture / "inputs").mkdir(parents=True, exist_ok=True)
+    img.save(fixture / rel, format="PNG", optimize=False, compress_level=9)
+    return rel
+
+
+def load_image(fixture: Path, rel: str) -> Image.Image:
+    with Image.open(fixture / rel) as im:
+        return im.convert("RGB")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# running the reference
+
+
+@dataclass
+class Captured:
+    """What the decoder stack received during one full-sequence forward."""
+
+    inputs_embeds: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def capture_decoder_inputs(text_model: torch.nn.Module, layer_types: list[str] | None):
+    """Hooks recording the decoder's inputs_embeds and position_ids and each layer type's attention mask.
+
+    Returns (captured, remove)."""
+    cap = Captured()
+    handles = []
+
+    def on_text_model(_mod, args, kwargs):
+        if cap.inputs_embeds is not None:
+            return
+        emb = kwargs.get("inputs_embeds")
+        if emb is None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            emb = text_model.embed_tokens(ids)
+        cap.inputs_embeds = emb.detach().clone()
+        pos = kwargs.get("position_ids")
+        cap.position_ids = None if pos is None else pos.detach().clone()
+
+    handles.append(text_model.register_forward_pre_hook(on_text_model, with_kwargs=True))
+    for i, layer in enumerate(text_model.layers):
+        kind = layer_types[i] if layer_types else "full_attention"
+
+        def on_layer(_mod, _args, kwargs, kind=kind):
+            if kind not in cap.masks:
+                cap.masks[kind] = kwargs.get("attention_mask")
+
+        handles.append(layer.register_forward_pre_hook(on_layer, with_kwargs=True))
+
+    def remove():
+        for h in handles:
+            h.remove()
+
+    return cap, remove
+
+
+def mask_to_allowed(mask: torch.Tensor | None, n: int) -> torch.Tensor:
+    """Additive or boolean 4-D mask -> [n, n] uint8, 1 where attention is allowed."""
+    if mask is None:
+        raise RuntimeError("decoder layer received no attention mask; use attn_implementation='eager'")
+    m = mask[0, 0] if mask.dim() == 4 else mask
+    allowed = m if m.dtype == torch.bool else (m == 0)
+    assert allowed.shape == (n, n), allowed.shape
+    return allowed.to(torch.uint8).contiguous()
+
+
+def extend_inputs(inputs: dict[str, torch.Tensor], token: int) -> dict[str, torch.Tensor]:
+    """Append one generated text token to a batch-1 input dict (ids, masks and per-token type ids)."""
+    n = inputs["input_ids"].shape[1]
+    out = dict(inputs)
+    for k, v in inputs.items():
+        if torch.is_tensor(v) and v.dim() == 2 and v.shape == (1, n):
+            fill = token if k == "input_ids" else (1 if k == "attention_mask" else 0)
+            out[k] = torch.cat([v, torch.full((1, 1), fill, dtype=v.dtype)], dim=1)
+    return out
+
+
+@torch.no_grad()
+def greedy(model, inputs: dict[str, torch.Tensor], steps: int = GREEDY_TOKENS):
+    """Greedy decoding with the KV cache (`generate`), cross-checked against full recomputation.
+
+    Returns (tokens, step_logits [steps, V], margins [steps]) where step i's logits are the ones token i was
+    picked from (step 0: last prefill position)."""
+    # Pure argmax: no EOS stop (and no min_new_tokens, which would mask EOS and change the picks).
+    gen_cfg = copy.deepcopy(model.generation_config)
+    gen_cfg.update(do_sample=False, max_new_tokens=steps, eos_token_id=None, return_dict_in_generate=True,
+                   output_logits=True, use_cache=True)
+    out = model.generate(**inputs, generation_config=gen_cfg)
+    n = inputs["input_ids"].shape[1]
+    tokens = out.sequences[0, n:].tolist()
+    step_logits = torch.stack([lg[0].float() for lg in out.logits])
+    assert len(tokens) == steps and step_logits.argmax(-1).tolist() == tokens
+
+    cur = dict(inputs)
+    for t in tokens:
+        nxt = int(model(**cur, use_cache=False).logits[0, -1].argmax())
+        if nxt != t:
+            raise RuntimeError(f"cached greedy {tokens} diverges from full recompute at token {t} vs {nxt}")
+        cur = extend_inputs(cur, t)
+    top2 = step_logits.topk(2, dim=-1).values
+    margins = top2[:, 0] - top2[:, 1]
+    return tokens, step_logits, margins
+
+
+@dataclass
+class Golden:
+    """One variant's goldens: tensors (stored in safetensors) and JSON metadata."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def put(self, name: str, t: torch.Tensor) -> None:
+        t = t.detach().cpu().contiguous()
+        if t.is_floating_point():
+            t = t.float()
+        elif t.dtype not in (torch.uint8, torch.bool):
+            t = t.long()
+        self.tensors[name] = t.to(torch.uint8) if t.dtype == torch.bool else t
+
+
+@torch.no_grad()
+def reference_goldens(
+    model,
+    text_model,
+    inputs: dict[str, torch.Tensor],
+    *,
+    layer_types: list[str] | None,
+    encoder: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    processor_keys: tuple[str, ...] = (),
+    position_rows: int | None = None,
+    store_masks: bool = True,
+) -> Golden:
+    """Run one prompt through the reloaded reference model and collect every stage.
+
+    encoder: returns the encoder/projector outputs (stage name -> tensor) for the multimodal inputs.
+    processor_keys: processor outputs to store as-is (pixel_values, image_grid_thw, ...), batch dim kept.
+    position_rows: keep only the last `position_rows` rows of 3-D position ids (M-RoPE: 3)."""
+    g = Golden()
+    ids = inputs["input_ids"]
+    n = ids.shape[1]
+    g.put("input_ids", ids[0])
+    for k in processor_keys:
+        if k in inputs:
+            g.put(k, inputs[k])
+    if encoder is not None:
+        for k, v in encoder(inputs).items():
+            g.put(k, v)
+
+    cap, remove = capture_decoder_inputs(text_model, layer_types)
+    try:
+        logits = model(**inputs, use_cache=False).logits[0].float()
+    finally:
+        remove()
+    g.put("inputs_embeds", cap.inputs_embeds[0])
+    pos = cap.position_ids
+    if pos is None:
+        pos = torch.arange(n)
+    elif pos.dim() == 3:
+        pos = pos[:, 0]
+        if position_rows is not None:
+            pos = pos[-position_rows:]
+    else:
+        pos = pos[0]
+    g.put("position_ids", pos)
+    if store_masks:
+        for kind, m in sorted(cap.masks.items()):
+            g.put(f"attention_mask.{kind}", mask_to_allowed(m, n))
+    g.put("logits", logits)
+
+    tokens, step_logits, margins = greedy(model, inputs)
+    g.put("greedy_tokens", torch.tensor(tokens))
+    g.put("decode_logits", step_logits)
+    g.put("greedy_margins", margins)
+    g.meta.update(
+        n_prompt_tokens=n,
+        input_ids=ids[0].tolist(),
+        greedy_tokens=tokens,
+        min_greedy_margin=float(margins.min()),
+        prefill_chunks=-(-n // PREFILL_CHUNK),
+    )
+    return g
+
+
+# ----------------------------------------------------------------------------------------------------------
+# writing fixtures
+
+
+def json_bytes(obj: dict[str, Any]) -> bytes:
+    """Sorted keys, one top-level key per line, values compact: diffable and byte-stable."""
+    lines = [f" {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(obj.items())]
+    return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
+
+
+def golden_bytes(g: Golden, variant: str) -> tuple[bytes, bytes]:
+    meta = dict(g.meta)
+    meta["variant"] = variant
+    meta["golden_format"] = GOLDEN_FORMAT
+    meta["stages"] = {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
+                      for k, v in sorted(g.tensors.items())}
+    st = st_save(dict(sorted(g.tensors.items())), metadata={"variant": variant, "golden_format": str(GOLDEN_FORMAT)})
+    js = json_bytes(meta)
+    return st, js
+
+
+def fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+class Mismatch(RuntimeError):
+    pass
+
+
+def emit(path: Path, data: bytes, check: bool) -> None:
+    if check:
+        old = path.read_bytes() if path.exists() else None
+        if old != data:
+            raise Mismatch(f"{path.relative_to(REPO)} differs from the recomputed reference")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def write_golden(fixture: Path, variant: str, g: Golden, check: bool) -> None:
+    st, js = golden_bytes(g, variant)
+    emit(fixture / "goldens" / f"{variant}.safetensors", st, check)
+    emit(fixture / "goldens" / f"{variant}.json", js, check)
+    m = g.meta
+    print(
+        f"  {fixture.name}/{variant}: {m['n_prompt_tokens']} prompt tokens, greedy {m['greedy_tokens']}, "
+        f"min margin {m['min_greedy_margin']:.4f}",
+        flush=True,
+    )
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_provenance(fixture: Path, script: str, reference: str, variants: dict[str, str], check: bool,
+                     extra_versions: tuple[str, ...] = (), notes: list[str] | None = None) -> None:
+    prov = {
+        "reference": reference,
+        "versions": versions(*extra_versions),
+        "seed": SEED,
+        "weights": "every float parameter redrawn: matrices N(0, 1/fan_in), vectors default + N(0, 0.1)",
+        "dtype": "float32",
+        "prefill_chunk": PREFILL_CHUNK,
+        "greedy_tokens": GREEDY_TOKENS,
+        "generator": f"tools/oracle/{script}",
+        "command": "tools/oracle/regen.sh  (or: $ORACLE_VENV/bin/python tools/oracle/" + script + ")",
+        "variants": variants,
+        "notes": notes or [],
+        "checkpoint_sha256": {
+            p.name: sha256(p) for p in sorted(fixture.iterdir()) if p.is_file() and p.name != "provenance.json"
+        },
+    }
+    emit(fixture / "provenance.json", json_bytes(prov), check)
+
+
+def fixture_size(fixture: Path) -> int:
+    return sum(p.stat().st_size for p in fixture.rglob("*") if p.is_file())
+
+
+def finish(fixture: Path, limit: int = 3_200_000) -> None:
+    size = fixture_size(fixture)
+    print(f"  {fixture.relative_to(REPO)}: {size / 1e6:.2f} MB", flush=True)
+    if size > limit:
+        raise RuntimeError(f"{fixture.name} is {size} bytes, over the {limit}-byte fixture budget")
+
+
+def stage_dir(fixture: Path, check: bool) -> Path:
+    """Where to save a freshly built checkpoint: the fixture itself, or a scratch dir in --check mode."""
+    if not check:
+        fresh_dir(fixture)
+        return fixture
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxcel-oracle-check-{fixture.name}"
+    return fresh_dir(scratch)
+
+
+def compare_checkpoint(built: Path, fixture: Path) -> None:
+    """--check: the checkpoint rebuilt from the script must match the committed one byte for byte."""
+    for p in sorted(built.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(built)
+            emit(fixture / rel, p.read_bytes(), check=True)
+    shutil.rmtree(built)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# text decoders
+
+
+def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, check: bool,
+                         notes: list[str] | None = None) -> None:
+    """Build, save, reload and record a text-only decoder fixture with a short and a long (multi-chunk) prompt."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    setup_torch()
+    fixture = FIXTURES / name
+    print(f"{name}:", flush=True)
+    model = randomize(model_cls(config))
+    out = stage_dir(fixture, check)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if check:
+        compare_checkpoint(out, fixture)
+
+    model = AutoModelForCausalLM.from_pretrained(fixture, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(fixture)
+    layer_types = getattr(model.config, "layer_types", None)
+    variants = {
+        "short": "one user turn, shorter than one prefill chunk",
+        "long": f"one user turn, longer than one prefill chunk of {PREFILL_CHUNK} tokens",
+    }
+    for variant, text in (("short", TEXT_PROMPT), ("long", LONG_PROMPT)):
+        messages = [{"role": "user", "content": text}]
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        g = reference_goldens(model, model.model, inputs, layer_types=layer_types)
+        g.meta.update(messages=messages, prompt=prompt, add_special_tokens=False)
+        if variant == "long":
+            assert g.meta["n_prompt_tokens"] > PREFILL_CHUNK
+        write_golden(fixture, variant, g, check)
+    write_provenance(fixture, script, "transformers AutoModelForCausalLM, CPU torch, fp32, eager attention",
+                     variants, check, notes=notes)
+    finish(fixture)
