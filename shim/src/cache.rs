@@ -95,7 +95,11 @@ impl CompileCache {
 
     /// Returns the cached artifact for `request`, compiling and storing it
     /// on a miss or when the stored entry is damaged.
-    pub fn get_or_compile(&self, compiler: &Compiler, request: &CompileRequest<'_>) -> Result<(Artifact, CacheOutcome)> {
+    pub fn get_or_compile(
+        &self,
+        compiler: &Compiler,
+        request: &CompileRequest<'_>,
+    ) -> Result<(Artifact, CacheOutcome)> {
         let key = CompileCache::key(compiler.revision(), request);
         let path = self.entry_path(&key);
         let mut replaced = false;

@@ -72,13 +72,13 @@ impl Checkpoint {
     /// Reads a `model.safetensors.index.json` and every shard it names, and
     /// checks that each tensor is where the index says.
     pub fn from_shard_index(index: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(index).map_err(|source| Error::CheckpointIo { path: index.into(), source })?;
+        let text =
+            std::fs::read_to_string(index).map_err(|source| Error::CheckpointIo { path: index.into(), source })?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::CheckpointFormat { path: index.into(), reason: e.to_string() })?;
-        let map = json["weight_map"].as_object().ok_or_else(|| Error::CheckpointFormat {
-            path: index.into(),
-            reason: "no \"weight_map\" object".into(),
-        })?;
+        let map = json["weight_map"]
+            .as_object()
+            .ok_or_else(|| Error::CheckpointFormat { path: index.into(), reason: "no \"weight_map\" object".into() })?;
         let dir = index.parent().unwrap_or(Path::new("."));
         let mut shards: Vec<String> = Vec::new();
         for file in map.values() {

@@ -29,10 +29,9 @@ impl Target {
     /// Compiler flags selecting this target.
     pub fn flags(&self) -> Vec<String> {
         match self {
-            Target::Cpu { cpu } => vec![
-                "--iree-hal-target-backends=llvm-cpu".into(),
-                format!("--iree-llvmcpu-target-cpu={cpu}"),
-            ],
+            Target::Cpu { cpu } => {
+                vec!["--iree-hal-target-backends=llvm-cpu".into(), format!("--iree-llvmcpu-target-cpu={cpu}")]
+            }
             Target::Cuda => vec!["--iree-hal-target-backends=cuda".into()],
             Target::Vulkan => vec!["--iree-hal-target-backends=vulkan-spirv".into()],
         }
@@ -93,9 +92,8 @@ impl Compiler {
     pub fn load(path: &Path) -> Result<Self> {
         let inner = eerie::compiler::Compiler::with_library(path)
             .map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
-        let revision = inner
-            .get_revision()
-            .map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
+        let revision =
+            inner.get_revision().map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
         // Official wheels report "3.13.0rc<date> @ <commit>" or "3.13.0 @ ...".
         if !revision.starts_with(IREE_VERSION) {
             return Err(Error::CompilerVersion { path: path.to_owned(), found: revision, wanted: IREE_VERSION });
@@ -119,10 +117,10 @@ impl Compiler {
         flags.extend(extra_flags.iter().cloned());
         let _span = tracing::info_span!("compile", module = what).entered();
         let started = std::time::Instant::now();
-        let vmfb = self.inner.compile_str(mlir, &flags).map_err(|e| Error::Compile {
-            what: what.to_owned(),
-            diagnostics: describe_compiler_error(e),
-        })?;
+        let vmfb = self
+            .inner
+            .compile_str(mlir, &flags)
+            .map_err(|e| Error::Compile { what: what.to_owned(), diagnostics: describe_compiler_error(e) })?;
         tracing::info!(bytes = vmfb.len(), elapsed_ms = started.elapsed().as_millis() as u64, "compiled");
         Ok(vmfb)
     }

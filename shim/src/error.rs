@@ -25,9 +25,7 @@ pub enum Error {
     #[error("compile cache at {path}: {reason}")]
     Cache { path: PathBuf, reason: String },
 
-    #[error(
-        "{path} was compiled by IREE {found}, this runtime is IREE {wanted}; delete it or recompile from the MLIR"
-    )]
+    #[error("{path} was compiled by IREE {found}, this runtime is IREE {wanted}; delete it or recompile from the MLIR")]
     ArtifactVersion { path: PathBuf, found: String, wanted: String },
 
     #[error("{path} is not a valid compiled artifact: {reason}")]

@@ -134,7 +134,12 @@ impl Device {
             check(sys::iree_hal_driver_registry_allocate(a, &mut inner.registry), "allocating the driver registry")?;
             check(sys::iree_hal_register_all_available_drivers(inner.registry), "registering HAL drivers")?;
             check(
-                sys::iree_hal_driver_registry_try_create(inner.registry, string_view(kind.name()), a, &mut inner.driver),
+                sys::iree_hal_driver_registry_try_create(
+                    inner.registry,
+                    string_view(kind.name()),
+                    a,
+                    &mut inner.driver,
+                ),
                 "creating the HAL driver",
             )?;
             let mut pool = null_mut();
@@ -240,7 +245,7 @@ fn dtype_of(t: sys::iree_hal_element_type_t) -> Result<DType> {
         .into_iter()
         .find(|&(e, _)| e as sys::iree_hal_element_type_t == t)
         .map(|(_, d)| d)
-        .ok_or(Error::UnsupportedElementType(t as u32))
+        .ok_or(Error::UnsupportedElementType(t))
 }
 
 /// A tensor in device memory (a retained HAL buffer view).

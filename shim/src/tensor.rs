@@ -97,18 +97,17 @@ impl TensorDesc {
 
     /// Number of elements, or an error if the shape overflows `usize`.
     pub fn element_count(&self, context: &str) -> Result<usize> {
-        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| Error::ShapeOverflow {
-            context: context.to_owned(),
-            shape: self.shape.clone(),
-        })
+        self.shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| Error::ShapeOverflow { context: context.to_owned(), shape: self.shape.clone() })
     }
 
     /// Bytes a dense row-major tensor of this type occupies.
     pub fn byte_len(&self, context: &str) -> Result<usize> {
-        self.element_count(context)?.checked_mul(self.dtype.size()).ok_or_else(|| Error::ShapeOverflow {
-            context: context.to_owned(),
-            shape: self.shape.clone(),
-        })
+        self.element_count(context)?
+            .checked_mul(self.dtype.size())
+            .ok_or_else(|| Error::ShapeOverflow { context: context.to_owned(), shape: self.shape.clone() })
     }
 
     /// Checks that `self` (what a caller gives) matches `want` (what a

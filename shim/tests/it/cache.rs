@@ -50,7 +50,11 @@ fn a_truncated_entry_is_detected_and_rebuilt() {
     assert_eq!(rebuilt.vmfb, good.vmfb);
     assert_eq!(std::fs::read(&path).expect("entry"), bytes, "the entry is whole again");
     assert!(
-        std::fs::read_dir(dir.path()).expect("dir").all(|e| !e.expect("entry").file_name().to_string_lossy().starts_with(".tmp")),
+        std::fs::read_dir(dir.path()).expect("dir").all(|e| !e
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".tmp")),
         "no temporary files are left behind"
     );
 }

@@ -12,7 +12,8 @@ module @attn {
     %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
     %mx = stablehlo.reduce(%s init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<1x3xf32>, tensor<f32>) -> tensor<1xf32>
     %mxb = stablehlo.broadcast_in_dim %mx, dims = [0] : (tensor<1xf32>) -> tensor<1x3xf32>
-    %e = stablehlo.exponential (stablehlo.subtract %s, %mxb : tensor<1x3xf32>) : tensor<1x3xf32>
+    %d = stablehlo.subtract %s, %mxb : tensor<1x3xf32>
+    %e = stablehlo.exponential %d : tensor<1x3xf32>
     %zero = stablehlo.constant dense<0.0> : tensor<f32>
     %sum = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<1x3xf32>, tensor<f32>) -> tensor<1xf32>
     %sumb = stablehlo.broadcast_in_dim %sum, dims = [0] : (tensor<1xf32>) -> tensor<1x3xf32>
@@ -90,5 +91,5 @@ fn compile_errors_carry_the_compiler_diagnostics() {
     let err = crate::support::compiler().compile("broken", bad, &target, &[]).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("compiling broken failed"), "{text}");
-    assert!(text.contains("undefined"), "the diagnostic names the bad value: {text}");
+    assert!(text.contains("undeclared SSA value"), "the diagnostic says what is wrong: {text}");
 }

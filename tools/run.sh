@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing (tools/dev/setup.sh), builds the
+# host and runs it. With no arguments it compiles and runs the bundled
+# StableHLO program and checks the result; any arguments go to mlxcel-host.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=tools/dev/setup.sh
+. "$root/tools/dev/setup.sh"
+cd "$root"
+cargo build --release --locked -q -p mlxcel-host
+if [ $# -eq 0 ]; then set -- demo; fi
+exec "$root/target/release/mlxcel-host" "$@"
