@@ -73,19 +73,7 @@ impl Compiler {
     /// its directory), else the project venv (`$MLXCEL_VENV`, else `.venv` at
     /// the workspace root).
     pub fn locate() -> Result<Self> {
-        let mut searched = Vec::new();
-        for candidate in candidates() {
-            match candidate {
-                Candidate::Explicit(path) => return Compiler::load(&path),
-                Candidate::Venv(venv) => {
-                    if let Some(lib) = find_in_venv(&venv) {
-                        return Compiler::load(&lib);
-                    }
-                    searched.push(venv.display().to_string());
-                }
-            }
-        }
-        Err(Error::CompilerNotFound { searched: searched.join(", "), wanted: IREE_VERSION })
+        Compiler::load(&find_library(&candidates())?)
     }
 
     /// Loads the compiler library at `path` and checks its version.
@@ -135,6 +123,24 @@ fn describe_compiler_error(e: eerie::compiler::CompilerError) -> String {
     }
 }
 
+/// The first candidate that holds the compiler library: an explicit path is
+/// taken as given (a wrong one fails loudly when loaded); a venv must hold
+/// the wheel's library.
+fn find_library(candidates: &[Candidate]) -> Result<PathBuf> {
+    let mut searched = Vec::new();
+    for candidate in candidates {
+        match candidate {
+            Candidate::Explicit(path) => return Ok(path.clone()),
+            Candidate::Venv(venv) => match find_in_venv(venv) {
+                Some(lib) => return Ok(lib),
+                None => searched.push(venv.display().to_string()),
+            },
+        }
+    }
+    Err(Error::CompilerNotFound { searched: searched.join(", "), wanted: IREE_VERSION })
+}
+
+#[derive(Debug)]
 enum Candidate {
     Explicit(PathBuf),
     Venv(PathBuf),
@@ -166,4 +172,28 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
         .into_iter()
         .map(|p| p.join("site-packages/iree/compiler/_mlir_libs/libIREECompiler.so"))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_wheel_says_where_it_looked_and_what_to_do() {
+        let empty = std::env::temp_dir().join("mlxcel-no-such-venv");
+        let err = find_library(&[Candidate::Venv(empty.clone())]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&empty.display().to_string()), "{text}");
+        assert!(text.contains("tools/dev/setup.sh") && text.contains("iree-base-compiler==3.13.0"), "{text}");
+        let explicit = PathBuf::from("/opt/iree/libIREECompiler.so");
+        let found = find_library(&[Candidate::Explicit(explicit.clone()), Candidate::Venv(empty)]).unwrap();
+        assert_eq!(found, explicit);
+    }
+
+    #[test]
+    fn a_library_that_is_not_the_compiler_is_a_clear_error() {
+        let err = Compiler::load(Path::new("/nonexistent/libIREECompiler.so")).unwrap_err();
+        assert!(matches!(err, Error::CompilerLoad { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/libIREECompiler.so"), "{err}");
+    }
 }
