@@ -5,8 +5,10 @@
 # wheel, and a copy of eerie-sys whose build script does not re-run CMake on
 # every cargo call. Safe to run repeatedly and from several shells.
 #
-# Prints nothing on the fast path; sources cleanly (`. tools/dev/setup.sh`)
-# or runs as a script.
+# Prints nothing on the fast path. tools/run.sh and tools/test.sh source it
+# (it exports PATH and MLXCEL_VENV); the caller's shell options are restored
+# at the end, and a failure exits the caller with a clear message.
+_mlxcel_saved_opts="$(set +o)"
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -97,3 +99,5 @@ fi
 # What the caller needs: cmake >= 3.26 on PATH for eerie-sys's build script.
 export PATH="$venv/bin:$PATH"
 export MLXCEL_VENV="$venv"
+eval "$_mlxcel_saved_opts"
+unset _mlxcel_saved_opts
