@@ -36,6 +36,10 @@ import torch
 from PIL import Image
 from safetensors.torch import save as st_save
 
+# Everything is local: never let transformers reach for the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 
@@ -50,10 +54,9 @@ GOLDEN_FORMAT = 1
 # Prompts shared by the families, so fixtures are comparable across them.
 SHORT_PROMPT = "Describe this image."
 TEXT_PROMPT = "Say hello."
-LONG_PROMPT = (
-    "You are looking at a small synthetic test picture made of colour gradients and a checkerboard. "
-    "Explain which colours appear in each corner."
-)
+LONG_HEAD = "You are looking at a small synthetic test picture made of colour gradients and a checkerboard."
+LONG_TAIL = " Explain which colours appear in each corner."
+LONG_PROMPT = LONG_HEAD + LONG_TAIL
 TWO_IMAGE_PROMPT = "Compare the two pictures."
 
 # A fixed training corpus written for this project, so tokenizers never depend on downloaded text or on the
@@ -400,7 +403,9 @@ def golden_bytes(g: Golden, variant: str) -> tuple[bytes, bytes]:
     meta["golden_format"] = GOLDEN_FORMAT
     meta["stages"] = {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
                       for k, v in sorted(g.tensors.items())}
-    st = st_save(dict(sorted(g.tensors.items())), metadata={"variant": variant, "golden_format": str(GOLDEN_FORMAT)})
+    # A single metadata key: safetensors writes the metadata map in hash order, so two keys would make the
+    # bytes differ between runs.
+    st = st_save(dict(sorted(g.tensors.items())), metadata={"golden_format": str(GOLDEN_FORMAT)})
     js = json_bytes(meta)
     return st, js
 
@@ -530,4 +535,131 @@ def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, c
         write_golden(fixture, variant, g, check)
     write_provenance(fixture, script, "transformers AutoModelForCausalLM, CPU torch, fp32, eager attention",
                      variants, check, notes=notes)
+    finish(fixture)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# vision-language models
+
+
+@dataclass
+class Variant:
+    """One prompt of a VLM fixture: a single user turn whose content mixes text and images (by name)."""
+
+    name: str
+    description: str
+    content: list[str | tuple[str, str]]  # text pieces and ("image", image_name)
+
+    def messages(self) -> list[dict[str, Any]]:
+        parts = [{"type": "image"} if isinstance(c, tuple) else {"type": "text", "text": c} for c in self.content]
+        return [{"role": "user", "content": parts}]
+
+    def images(self) -> list[str]:
+        return [c[1] for c in self.content if isinstance(c, tuple)]
+
+
+def standard_variants(square: str, other: str) -> list[Variant]:
+    """The four contract-stressing prompts every VLM fixture carries."""
+    return [
+        Variant("image", f"one non-square image ({other})", [("image", other), SHORT_PROMPT]),
+        Variant("two_images", f"two images of different sizes ({other}, {square})",
+                [("image", other), ("image", square), TWO_IMAGE_PROMPT]),
+        Variant("text_only", "a text-only prompt to the VLM checkpoint", [TEXT_PROMPT]),
+        Variant("long", f"text, an image, more text: longer than one prefill chunk of {PREFILL_CHUNK} tokens",
+                [LONG_HEAD, ("image", other), LONG_TAIL]),
+    ]
+
+
+def load_processor(fixture: Path):
+    """The reloaded processor with the PIL image backend (portable arithmetic), or torchvision if that is
+    the family's only backend. Returns (processor, backend)."""
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(fixture)
+    if not hasattr(processor, "image_processor"):
+        return processor, "none"
+    try:
+        # The video processors have no PIL backend, so swap only the image processor.
+        processor.image_processor = AutoImageProcessor.from_pretrained(fixture, backend="pil")
+        return processor, "pil"
+    except (ValueError, ImportError, KeyError):
+        return processor, "torchvision"
+
+
+@torch.no_grad()
+def vlm_fixture(
+    name: str,
+    script: str,
+    model,
+    processor,
+    images: dict[str, Image.Image],
+    variants: list[Variant],
+    *,
+    check: bool,
+    encoder: Callable[[Any, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None,
+    position_rows: int | None = None,
+    prepare: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    extra: Callable[[Any, dict[str, torch.Tensor], Golden], None] | None = None,
+    post_save: Callable[[Path], None] | None = None,
+    notes: list[str] | None = None,
+) -> None:
+    """Build, save, reload and record a VLM fixture.
+
+    encoder(model, inputs): the encoder/projector stages for inputs that carry images.
+    prepare(inputs): adjust the processor's output before the model sees it (kept in the goldens as given).
+    extra(model, inputs, golden): add family-specific tensors or metadata after the reference run.
+    post_save(dir): fix a known save bug in the written checkpoint (documented in provenance notes)."""
+    from transformers import AutoModelForImageTextToText
+
+    fixture = FIXTURES / name
+    print(f"{name}:", flush=True)
+    out = stage_dir(fixture, check)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    image_files = {k: save_image(img, out, k) for k, img in sorted(images.items())}
+    if post_save is not None:
+        post_save(out)
+    if check:
+        compare_checkpoint(out, fixture)
+
+    model = AutoModelForImageTextToText.from_pretrained(fixture, attn_implementation="eager").eval()
+    processor, backend = load_processor(fixture)
+    text_model = model.model.language_model
+    text_cfg = model.config.get_text_config()
+    layer_types = getattr(text_cfg, "layer_types", None)
+
+    for v in variants:
+        messages = v.messages()
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        imgs = [load_image(fixture, image_files[i]) for i in v.images()]
+        inputs = dict(processor(text=[prompt], images=imgs or None, return_tensors="pt"))
+        proc_keys = tuple(k for k in sorted(inputs) if k not in ("input_ids", "attention_mask"))
+        run_inputs = prepare(inputs) if prepare else inputs
+        g = reference_goldens(
+            model, text_model, run_inputs, layer_types=layer_types,
+            encoder=(lambda x: encoder(model, x)) if (encoder and imgs) else None,
+            processor_keys=proc_keys, position_rows=position_rows,
+        )
+        for k in proc_keys:  # what the processor produced, before any `prepare`
+            g.put(k, inputs[k][0] if k.endswith("type_ids") else inputs[k])
+        g.meta.update(
+            messages=messages, prompt=prompt, images=[image_files[i] for i in v.images()],
+            image_sizes=[list(images[i].size) for i in v.images()], image_backend=backend,
+            processor_outputs=list(proc_keys),
+        )
+        if imgs and backend == "pil" and "pixel_values" in inputs:
+            from transformers import AutoProcessor
+
+            tv = AutoProcessor.from_pretrained(fixture)(text=[prompt], images=imgs, return_tensors="pt")
+            g.meta["pixel_values_torchvision_max_abs_diff"] = float(
+                (tv["pixel_values"].float() - inputs["pixel_values"].float()).abs().max()
+            )
+        if extra is not None:
+            extra(model, run_inputs, g)
+        write_golden(fixture, v.name, g, check)
+    write_provenance(
+        fixture, script,
+        f"transformers {type(model).__name__}, CPU torch, fp32, eager attention; processor backend {backend}",
+        {v.name: v.description for v in variants}, check, notes=notes,
+    )
     finish(fixture)
