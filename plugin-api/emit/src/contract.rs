@@ -1,0 +1,200 @@
+//! The numeric contract: which dtype values are stored in, which dtype
+//! contractions and reductions accumulate in, and where results are rounded.
+//! It is versioned and part of every compiled artifact's fingerprint; the
+//! helpers below are the only place the contract-sensitive operations are
+//! written, so every graph rounds at the same points as the reference
+//! (Hugging Face transformers on CPU torch).
+
+use crate::{Elem, Func, Reduce, Type, Value};
+
+/// Bump when any helper's emitted arithmetic changes.
+pub const CONTRACT_VERSION: u32 = 1;
+
+/// How a graph materialises and accumulates values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct NumericContract {
+    pub version: u32,
+    /// The dtype activations are stored in between operations (the
+    /// checkpoint's compute dtype: f32 or bf16).
+    pub activations: Elem,
+    /// The dtype matmuls, norms and softmax accumulate in.
+    pub accumulate: Elem,
+}
+
+impl NumericContract {
+    /// Everything in f32: the parity reference.
+    pub fn f32() -> Self {
+        NumericContract { version: CONTRACT_VERSION, activations: Elem::F32, accumulate: Elem::F32 }
+    }
+
+    /// bf16 activations with f32 accumulation, as torch computes on CPU.
+    pub fn bf16() -> Self {
+        NumericContract { version: CONTRACT_VERSION, activations: Elem::BF16, accumulate: Elem::F32 }
+    }
+
+    /// A stable string for fingerprints and cache keys.
+    pub fn fingerprint(&self) -> String {
+        format!("numeric-contract=v{}:act={}:acc={}", self.version, self.activations, self.accumulate)
+    }
+
+    /// `x @ w^T (+ bias)` for a torch `Linear` weight `w` of `[out, in]`:
+    /// operands are widened to the accumulator, contracted, and the result
+    /// rounded once to the activation dtype (after the bias, as torch's
+    /// addmm does).
+    pub fn linear(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>) -> Value {
+        let xa = f.convert(x, self.accumulate);
+        let wa = f.convert(w, self.accumulate);
+        let last = x.ty().rank().saturating_sub(1);
+        let mut y = f.dot_general(&xa, &wa, (&[], &[]), (&[last], &[1]));
+        if let Some(b) = bias {
+            let ba = f.convert(b, self.accumulate);
+            let shape = y.shape().to_vec();
+            let bb = f.broadcast_to(&ba, &shape);
+            y = f.add(&y, &bb);
+        }
+        f.convert(&y, self.activations)
+    }
+
+    /// Batched matmul in the accumulator, rounded to the activation dtype.
+    pub fn matmul(
+        &self,
+        f: &mut Func,
+        a: &Value,
+        b: &Value,
+        batch: (&[usize], &[usize]),
+        contract: (&[usize], &[usize]),
+    ) -> Value {
+        let aa = f.convert(a, self.accumulate);
+        let ba = f.convert(b, self.accumulate);
+        let y = f.dot_general(&aa, &ba, batch, contract);
+        f.convert(&y, self.activations)
+    }
+
+    /// RMSNorm over the last dimension, computed in the accumulator:
+    /// `x * rsqrt(mean(x^2) + eps)`, then scaled. `OnePlus` is Gemma's
+    /// `(1 + w)` form, applied before rounding; `Plain` rounds the
+    /// normalised value first and then multiplies by `w` in the activation
+    /// dtype (Llama/Qwen order).
+    pub fn rms_norm(&self, f: &mut Func, x: &Value, w: &Value, eps: f64, style: RmsStyle) -> Value {
+        let shape = x.shape().to_vec();
+        let last = shape.len() - 1;
+        let n = shape[last] as f64;
+        let xa = f.convert(x, self.accumulate);
+        let sq = f.mul(&xa, &xa);
+        let sum = f.reduce(&sq, &[last], Reduce::Sum);
+        let inv_n = f.splat(sum.ty(), 1.0 / n);
+        let mean = f.mul(&sum, &inv_n);
+        let eps = f.splat(mean.ty(), eps);
+        let var_eps = f.add(&mean, &eps);
+        let r = f.rsqrt(&var_eps);
+        let rb = f.broadcast(&r, &shape, &(0..last).collect::<Vec<_>>());
+        let normed = f.mul(&xa, &rb);
+        match style {
+            RmsStyle::Plain => {
+                let normed = f.convert(&normed, self.activations);
+                let wv = f.convert(w, self.activations);
+                let wb = f.broadcast_to(&wv, &shape);
+                f.mul(&wb, &normed)
+            }
+            RmsStyle::OnePlus => {
+                let wa = f.convert(w, self.accumulate);
+                let one = f.splat(wa.ty(), 1.0);
+                let scale = f.add(&one, &wa);
+                let sb = f.broadcast_to(&scale, &shape);
+                let y = f.mul(&normed, &sb);
+                f.convert(&y, self.activations)
+            }
+        }
+    }
+
+    /// LayerNorm over the last dimension in the accumulator (biased variance).
+    pub fn layer_norm(&self, f: &mut Func, x: &Value, w: &Value, b: &Value, eps: f64) -> Value {
+        let shape = x.shape().to_vec();
+        let last = shape.len() - 1;
+        let lead: Vec<usize> = (0..last).collect();
+        let inv_n = 1.0 / shape[last] as f64;
+        let xa = f.convert(x, self.accumulate);
+        let sum = f.reduce(&xa, &[last], Reduce::Sum);
+        let k = f.splat(sum.ty(), inv_n);
+        let mean = f.mul(&sum, &k);
+        let mb = f.broadcast(&mean, &shape, &lead);
+        let centred = f.sub(&xa, &mb);
+        let sq = f.mul(&centred, &centred);
+        let var_sum = f.reduce(&sq, &[last], Reduce::Sum);
+        let var = f.mul(&var_sum, &k);
+        let eps = f.splat(var.ty(), eps);
+        let var_eps = f.add(&var, &eps);
+        let r = f.rsqrt(&var_eps);
+        let rb = f.broadcast(&r, &shape, &lead);
+        let normed = f.mul(&centred, &rb);
+        let wa = f.convert(w, self.accumulate);
+        let ba = f.convert(b, self.accumulate);
+        let wb = f.broadcast_to(&wa, &shape);
+        let bb = f.broadcast_to(&ba, &shape);
+        let scaled = f.mul(&normed, &wb);
+        let y = f.add(&scaled, &bb);
+        f.convert(&y, self.activations)
+    }
+
+    /// `x * sigmoid(x)` in the activation dtype (torch's SiLU).
+    pub fn silu(&self, f: &mut Func, x: &Value) -> Value {
+        let s = f.logistic(x);
+        f.mul(x, &s)
+    }
+
+    /// The tanh approximation of GELU (`gelu_pytorch_tanh`), in the accumulator.
+    pub fn gelu_tanh(&self, f: &mut Func, x: &Value) -> Value {
+        let xa = f.convert(x, self.accumulate);
+        let c = |f: &mut Func, v: f64| f.splat(xa.ty(), v);
+        let x2 = f.mul(&xa, &xa);
+        let x3 = f.mul(&x2, &xa);
+        let k = c(f, 0.044715);
+        let kx3 = f.mul(&k, &x3);
+        let inner = f.add(&xa, &kx3);
+        let s = c(f, (2.0f64 / std::f64::consts::PI).sqrt());
+        let scaled = f.mul(&s, &inner);
+        let t = f.tanh(&scaled);
+        let one = c(f, 1.0);
+        let half = c(f, 0.5);
+        let hx = f.mul(&half, &xa);
+        let onet = f.add(&one, &t);
+        let y = f.mul(&hx, &onet);
+        f.convert(&y, self.activations)
+    }
+
+    /// Softmax over the last dimension in the accumulator (max-subtracted),
+    /// rounded to the activation dtype.
+    pub fn softmax(&self, f: &mut Func, x: &Value) -> Value {
+        let shape = x.shape().to_vec();
+        let last = shape.len() - 1;
+        let lead: Vec<usize> = (0..last).collect();
+        let xa = f.convert(x, self.accumulate);
+        let m = f.reduce(&xa, &[last], Reduce::Max);
+        let mb = f.broadcast(&m, &shape, &lead);
+        let shifted = f.sub(&xa, &mb);
+        let e = f.exp(&shifted);
+        let s = f.reduce(&e, &[last], Reduce::Sum);
+        let sb = f.broadcast(&s, &shape, &lead);
+        let p = f.div(&e, &sb);
+        f.convert(&p, self.activations)
+    }
+
+    /// A residual add in the activation dtype.
+    pub fn residual(&self, f: &mut Func, x: &Value, delta: &Value) -> Value {
+        f.add(x, delta)
+    }
+
+    /// A type in the activation dtype.
+    pub fn act(&self, shape: &[usize]) -> Type {
+        Type::new(self.activations, shape)
+    }
+}
+
+/// Where RMSNorm's weight is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmsStyle {
+    /// `w * round(normed)` (Llama, Qwen).
+    Plain,
+    /// `round(normed * (1 + w))` (Gemma).
+    OnePlus,
+}

@@ -1,0 +1,147 @@
+//! Builder tests: emitted text, and shape errors caught at build time.
+
+use crate::{Compare, Elem, Module, NumericContract, Reduce, RmsStyle, Type};
+
+fn t(shape: &[usize]) -> Type {
+    Type::new(Elem::F32, shape)
+}
+
+#[test]
+fn a_small_function_renders_as_stablehlo() {
+    let mut m = Module::new("m");
+    let w = m.param("layer.weight", t(&[3, 2]));
+    let (mut f, args) = m.func("f", &[t(&[4, 2])]);
+    let wv = f.load(&w);
+    let y = f.dot_general(&args[0], &wv, (&[], &[]), (&[1], &[1]));
+    let s = f.reduce(&y, &[1], Reduce::Sum);
+    m.add_func(f, &[s]);
+    let text = m.finish().expect("valid");
+    let want = r#"module @m {
+  util.global private @p0 = #flow.parameter.named<"model"::"layer.weight"> : tensor<3x2xf32>
+  func.func @f(%v0: tensor<4x2xf32>) -> (tensor<4xf32>) {
+    %v1 = util.global.load @p0 : tensor<3x2xf32>
+    %v2 = stablehlo.dot_general %v0, %v1, contracting_dims = [1] x [1] : (tensor<4x2xf32>, tensor<3x2xf32>) -> tensor<4x3xf32>
+    %v3 = stablehlo.constant dense<0e0> : tensor<f32>
+    %v4 = stablehlo.reduce(%v2 init: %v3) applies stablehlo.add across dimensions = [1] : (tensor<4x3xf32>, tensor<f32>) -> tensor<4xf32>
+    return %v4 : tensor<4xf32>
+  }
+}
+"#;
+    assert_eq!(text, want);
+}
+
+#[test]
+fn shape_errors_are_reported_with_the_op() {
+    type Build = Box<dyn Fn(&mut crate::Func, &[crate::Value])>;
+    let cases: Vec<(&str, Build)> = vec![
+        ("add", Box::new(|f, a| drop(f.add(&a[0], &a[1])))),
+        ("dot_general", Box::new(|f, a| drop(f.dot_general(&a[0], &a[1], (&[], &[]), (&[1], &[1]))))),
+        ("reshape", Box::new(|f, a| drop(f.reshape(&a[0], &[5])))),
+        ("broadcast_in_dim", Box::new(|f, a| drop(f.broadcast(&a[0], &[4, 3], &[0, 1])))),
+        ("slice", Box::new(|f, a| drop(f.slice(&a[0], &[0, 0], &[5, 2])))),
+        ("transpose", Box::new(|f, a| drop(f.transpose(&a[0], &[0, 0])))),
+        ("compare", Box::new(|f, a| drop(f.compare(Compare::Lt, &a[0], &a[1])))),
+        ("dynamic_slice", Box::new(|f, a| drop(f.dynamic_slice(&a[0], &[], &[1, 1])))),
+    ];
+    for (op, build) in cases {
+        let m = Module::new("m");
+        let (mut f, args) = m.func("f", &[t(&[4, 2]), t(&[3, 3])]);
+        build(&mut f, &args);
+        let mut m = m;
+        m.add_func(f, &[]);
+        let err = m.finish().expect_err(op);
+        assert_eq!(err.op, op, "{err}");
+        assert_eq!(err.func, "f");
+    }
+}
+
+#[test]
+fn only_the_first_error_is_kept() {
+    let mut m = Module::new("m");
+    let (mut f, a) = m.func("f", &[t(&[2]), t(&[3])]);
+    let bad = f.add(&a[0], &a[1]);
+    let _ = f.reshape(&bad, &[7]);
+    m.add_func(f, &[]);
+    assert_eq!(m.finish().expect_err("fails").op, "add");
+}
+
+#[test]
+fn constants_are_bit_exact() {
+    let m = Module::new("m");
+    let (mut f, _) = m.func("f", &[]);
+    let c = f.constant_f32(&[2], &[1.0, -0.1]);
+    let s = f.constant_f32(&[], &[0.5]);
+    let mut m = m;
+    m.add_func(f, &[c, s]);
+    let text = m.finish().expect("valid");
+    // 1.0 = 0x3F800000, -0.1 = 0xBDCCCCCD, little-endian bytes.
+    assert!(text.contains("dense<\"0x0000803FCDCCCCBD\"> : tensor<2xf32>"), "{text}");
+    assert!(text.contains("dense<0x3F000000> : tensor<f32>"), "{text}");
+}
+
+#[test]
+fn state_globals_get_distinct_initialisers() {
+    let mut m = Module::new("m");
+    let a = m.state("a", t(&[2]), 0.0);
+    let b = m.state("b", t(&[2]), 0.0);
+    let (mut f, _) = m.func("f", &[]);
+    let (va, vb) = (f.load(&a), f.load(&b));
+    m.add_func(f, &[va, vb]);
+    let text = m.finish().expect("valid");
+    let inits: Vec<&str> =
+        text.lines().filter(|l| l.contains("mutable")).map(|l| l.split("dense<").nth(1).unwrap_or("")).collect();
+    assert_eq!(inits.len(), 2);
+    assert_ne!(inits[0], inits[1], "{text}");
+}
+
+/// Mutation-sensitive: the bf16 contract widens both matmul operands to f32
+/// and rounds the result once; removing either cast changes this text.
+#[test]
+fn bf16_linear_widens_then_rounds_once() {
+    let bf = |s: &[usize]| Type::new(Elem::BF16, s);
+    let mut m = Module::new("m");
+    let w = m.param("w", bf(&[3, 2]));
+    let (mut f, a) = m.func("f", &[bf(&[4, 2])]);
+    let wv = f.load(&w);
+    let y = NumericContract::bf16().linear(&mut f, &a[0], &wv, None);
+    m.add_func(f, &[y]);
+    let text = m.finish().expect("valid");
+    let ops: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("%v"))
+        .filter_map(|l| l.split(" = ").nth(1))
+        .map(|r| r.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        ops,
+        ["util.global.load", "stablehlo.convert", "stablehlo.convert", "stablehlo.dot_general", "stablehlo.convert"]
+    );
+    assert!(text.contains("(tensor<4x2xf32>, tensor<3x2xf32>) -> tensor<4x3xf32>"), "accumulates in f32: {text}");
+    assert!(text.contains("(tensor<4x3xf32>) -> tensor<4x3xbf16>"), "rounds to bf16: {text}");
+}
+
+/// The two RMSNorm orders differ exactly where Llama and Gemma differ.
+#[test]
+fn rms_norm_styles_round_at_their_own_points() {
+    let render = |style| {
+        let mut m = Module::new("m");
+        let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[2, 4]), Type::new(Elem::BF16, &[4])]);
+        let y = NumericContract::bf16().rms_norm(&mut f, &a[0], &a[1], 1e-6, style);
+        m.add_func(f, &[y]);
+        m.finish().expect("valid")
+    };
+    let plain = render(RmsStyle::Plain);
+    let gemma = render(RmsStyle::OnePlus);
+    let last_line = |s: &str| s.lines().rev().find(|l| l.contains(" = ")).unwrap_or("").to_owned();
+    assert!(last_line(&plain).contains("stablehlo.multiply") && last_line(&plain).contains("bf16"), "{plain}");
+    assert!(last_line(&gemma).contains("stablehlo.convert"), "{gemma}");
+    assert!(gemma.contains("dense<1e0> : tensor<4xf32>"), "(1 + w) in f32: {gemma}");
+}
+
+#[test]
+fn contract_fingerprints_differ() {
+    assert_ne!(NumericContract::f32().fingerprint(), NumericContract::bf16().fingerprint());
+    let mut next = NumericContract::f32();
+    next.version += 1;
+    assert_ne!(next.fingerprint(), NumericContract::f32().fingerprint());
+}
