@@ -1,0 +1,253 @@
+//! The plugin side: the plain Rust trait a family implements, and `export_plugin!`, which turns
+//! an implementation into the exported ABI with every entry guarded by `catch_unwind`.
+//!
+//! **Architecture Invariant:** plugins are stateless. Every entry is an associated function
+//! whose answer depends only on its arguments, so answers can be cached, hashed and compared
+//! with goldens, and a panic in one request cannot leave state behind for the next.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::std_types::{RResult, RStr, RVec};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::abi::{PluginMod, PluginModRef, history};
+use crate::types::{
+    CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, ErrorCode,
+    LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PreprocessOptions,
+    Preprocessed, PromptLayout, ShapeBucket,
+};
+
+/// A parsed checkpoint config: the facts the host needs and the family's typed view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedConfig<C> {
+    /// Family-independent facts.
+    pub summary: ConfigSummary,
+    /// The family's typed config; serialized to JSON at the boundary and handed back to every
+    /// later entry.
+    pub config: C,
+}
+
+/// One model family, implemented by a plugin crate and exported with [`export_plugin!`].
+///
+/// Entries take the family's typed config (`Self::Config`), already deserialized from the
+/// [`ModelConfig`] the host passes back. Return [`PluginError`]s for bad input; a panic is
+/// caught at the boundary and reported as [`ErrorCode::Panicked`], but it is a bug.
+pub trait FamilyPlugin: 'static {
+    /// The family's typed view of `config.json` plus the processor config.
+    type Config: Serialize + DeserializeOwned;
+
+    /// Who the plugin is; must agree with the plugin's manifest.
+    fn identity() -> PluginIdentity;
+
+    /// Parses HF `config.json` and `preprocessor_config.json` text (the latter may be empty).
+    fn parse_config(config_json: &str, processor_json: &str) -> Result<ParsedConfig<Self::Config>, PluginError>;
+
+    /// Expands each item's placeholder in the rendered prompt.
+    fn prompt_layout(config: &Self::Config, request: &LayoutRequest) -> Result<PromptLayout, PluginError>;
+
+    /// Turns one image or audio item into encoder input tensors and grid metadata.
+    fn preprocess(
+        config: &Self::Config,
+        item: &MediaItem,
+        options: &PreprocessOptions,
+    ) -> Result<Preprocessed, PluginError>;
+
+    /// The static shapes the encoder for `modality` can be compiled for, smallest first.
+    fn encoder_buckets(config: &Self::Config, modality: Modality) -> Result<Vec<ShapeBucket>, PluginError>;
+
+    /// The encoder for one bucket, as StableHLO with named checkpoint parameters.
+    fn encoder_graph(config: &Self::Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError>;
+
+    /// How features merge into the text embeddings for one tokenized request.
+    fn prefill_contract(config: &Self::Config, request: &ContractRequest) -> Result<PrefillContract, PluginError>;
+
+    /// Checks that a checkpoint has the tensors the encoder reads (since 1.1). The default
+    /// reports no problems; families should override it.
+    fn check_checkpoint(config: &Self::Config, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
+        let _ = (config, index);
+        Ok(CheckpointReport::default())
+    }
+}
+
+/// Runs `f`, turning a panic into an [`ErrorCode::Panicked`] error naming the entry.
+fn guard<R>(entry: &str, f: impl FnOnce() -> Result<R, PluginError>) -> RResult<R, PluginError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result.into(),
+        Err(payload) => {
+            let detail = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            RResult::RErr(PluginError::new(ErrorCode::Panicked, format!("plugin panicked in {entry}: {detail}")))
+        }
+    }
+}
+
+fn family_config<T: FamilyPlugin>(config: &ModelConfig) -> Result<T::Config, PluginError> {
+    serde_json::from_str(config.family.as_str())
+        .map_err(|e| PluginError::invalid(format!("model config is not this family's typed view: {e}")))
+}
+
+extern "C" fn identity<T: FamilyPlugin>() -> RResult<PluginIdentity, PluginError> {
+    guard("identity", || Ok(T::identity()))
+}
+
+extern "C" fn parse_config<T: FamilyPlugin>(
+    config_json: RStr<'_>,
+    processor_json: RStr<'_>,
+) -> RResult<ModelConfig, PluginError> {
+    guard("parse_config", || {
+        let parsed = T::parse_config(config_json.as_str(), processor_json.as_str())?;
+        let family = serde_json::to_string(&parsed.config)
+            .map_err(|e| PluginError::new(ErrorCode::Internal, format!("cannot serialize family config: {e}")))?;
+        Ok(ModelConfig { summary: parsed.summary, family: family.into() })
+    })
+}
+
+extern "C" fn prompt_layout<T: FamilyPlugin>(
+    config: &ModelConfig,
+    request: &LayoutRequest,
+) -> RResult<PromptLayout, PluginError> {
+    guard("prompt_layout", || T::prompt_layout(&family_config::<T>(config)?, request))
+}
+
+extern "C" fn preprocess<T: FamilyPlugin>(
+    config: &ModelConfig,
+    item: &MediaItem,
+    options: &PreprocessOptions,
+) -> RResult<Preprocessed, PluginError> {
+    guard("preprocess", || {
+        let out = T::preprocess(&family_config::<T>(config)?, item, options)?;
+        // A tensor whose bytes do not match its shape must not reach the host's buffers.
+        out.tensors.iter().try_for_each(|t| t.validate())?;
+        Ok(out)
+    })
+}
+
+extern "C" fn encoder_buckets<T: FamilyPlugin>(
+    config: &ModelConfig,
+    modality: Modality,
+) -> RResult<RVec<ShapeBucket>, PluginError> {
+    guard("encoder_buckets", || T::encoder_buckets(&family_config::<T>(config)?, modality).map(RVec::from))
+}
+
+extern "C" fn encoder_graph<T: FamilyPlugin>(
+    config: &ModelConfig,
+    request: &EncoderGraphRequest,
+) -> RResult<EncoderGraph, PluginError> {
+    guard("encoder_graph", || T::encoder_graph(&family_config::<T>(config)?, request))
+}
+
+extern "C" fn prefill_contract<T: FamilyPlugin>(
+    config: &ModelConfig,
+    request: &ContractRequest,
+) -> RResult<PrefillContract, PluginError> {
+    guard("prefill_contract", || T::prefill_contract(&family_config::<T>(config)?, request))
+}
+
+extern "C" fn check_checkpoint<T: FamilyPlugin>(
+    config: &ModelConfig,
+    index: &CheckpointIndex,
+) -> RResult<CheckpointReport, PluginError> {
+    guard("check_checkpoint", || T::check_checkpoint(&family_config::<T>(config)?, index))
+}
+
+/// The current root-module table for `T`; leaked once per library load.
+pub(crate) fn current_table<T: FamilyPlugin>() -> PluginModRef {
+    PluginMod {
+        identity: identity::<T>,
+        parse_config: parse_config::<T>,
+        prompt_layout: prompt_layout::<T>,
+        preprocess: preprocess::<T>,
+        encoder_buckets: encoder_buckets::<T>,
+        encoder_graph: encoder_graph::<T>,
+        prefill_contract: prefill_contract::<T>,
+        check_checkpoint: check_checkpoint::<T>,
+    }
+    .leak_into_prefix()
+}
+
+/// The frozen 1.0 table for `T` (testkit only: what a 1.0 plugin exported).
+pub(crate) fn v1_0_table<T: FamilyPlugin>() -> history::v1_0::PluginModRef {
+    history::v1_0::PluginMod {
+        identity: identity::<T>,
+        parse_config: parse_config::<T>,
+        prompt_layout: prompt_layout::<T>,
+        preprocess: preprocess::<T>,
+        encoder_buckets: encoder_buckets::<T>,
+        encoder_graph: encoder_graph::<T>,
+        prefill_contract: prefill_contract::<T>,
+    }
+    .leak_into_prefix()
+}
+
+/// Exports a [`FamilyPlugin`] implementation as the plugin's ABI. Invoke once, at the crate
+/// root of a `cdylib`:
+///
+/// ```text
+/// mlxcel_plugin_api::export_plugin!(MyFamily);
+/// ```
+///
+/// The expansion contains no `unsafe` blocks, so a plugin crate can say
+/// `#![forbid(unsafe_code)]`.
+///
+/// Two further forms exist only for the testkit's load matrix and reproduce plugins built
+/// against other plugin-api versions: `export_plugin!(T, api = v1_0)` exports the frozen 1.0
+/// table, and `export_plugin!(T, declare_version = (MAJOR, MINOR))` declares an arbitrary
+/// version while exporting the current table.
+#[macro_export]
+macro_rules! export_plugin {
+    (@emit $plugin:ty, $version:expr, $header:expr) => {
+        /// The plugin-api version this plugin was built against (read first by the host).
+        #[unsafe(export_name = "mlxcel_plugin_api_version")]
+        pub static MLXCEL_PLUGIN_API_VERSION: $crate::__export::VersionSymbol = $version;
+
+        /// The abi_stable root module loader.
+        #[unsafe(export_name = "_1as_0lib_1header_0root_bmodule_bloader")]
+        pub static MLXCEL_PLUGIN_ROOT_MODULE: $crate::__export::LibHeader = $header;
+    };
+    ($plugin:ty) => {
+        $crate::export_plugin!(@emit $plugin, $crate::__export::CURRENT_VERSION_SYMBOL, $crate::__export::lib_header::<$plugin>());
+    };
+    ($plugin:ty, api = v1_0) => {
+        $crate::export_plugin!(
+            @emit $plugin,
+            $crate::__export::VersionSymbol::new($crate::ApiVersion::new(1, 0)),
+            $crate::__export::lib_header_v1_0::<$plugin>()
+        );
+    };
+    ($plugin:ty, declare_version = ($major:literal, $minor:literal)) => {
+        $crate::export_plugin!(
+            @emit $plugin,
+            $crate::__export::VersionSymbol::new($crate::ApiVersion::new($major, $minor)),
+            $crate::__export::lib_header::<$plugin>()
+        );
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_turns_panics_into_errors_naming_the_entry() {
+        let result: RResult<(), PluginError> = guard("preprocess", || panic!("boom"));
+        let err = result.into_result().expect_err("invariant: the closure panics");
+        assert_eq!(err.code, ErrorCode::Panicked);
+        assert_eq!(err.message.as_str(), "plugin panicked in preprocess: boom");
+
+        let formatted: RResult<(), PluginError> = guard("identity", || panic!("bad {}", 7));
+        let err = formatted.into_result().expect_err("invariant: the closure panics");
+        assert_eq!(err.message.as_str(), "plugin panicked in identity: bad 7");
+    }
+
+    #[test]
+    fn guard_passes_values_and_errors_through() {
+        assert_eq!(guard("x", || Ok(3)).into_result(), Ok(3));
+        let err = PluginError::invalid("bad image");
+        assert_eq!(guard::<()>("x", || Err(err.clone())).into_result(), Err(err));
+    }
+}

@@ -1,0 +1,434 @@
+//! The host side: scanning a plugin directory, loading each plugin through every check, calling
+//! its entries, and gating capabilities by qualification status.
+//!
+//! Loading one plugin, in order (a failure at any step skips the plugin with its reason):
+//! 1. parse and validate the manifest (no library access yet);
+//! 2. check the manifest's plugin-api version against this host;
+//! 3. hash the library and compare with the manifest's sha256;
+//! 4. open the library and read its version symbol, before any other symbol or call;
+//! 5. let abi_stable check the root module's layout and build it;
+//! 6. call `identity` (the first call into the plugin) and compare it with the manifest.
+//!
+//! **Architecture Invariant:** a bad plugin never stops the host. Every failure becomes a
+//! [`Rejection`] and the rest of the directory loads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use abi_stable::std_types::{RResult, RStr};
+use sha2::{Digest, Sha256};
+
+use crate::abi::{OpenedLibrary, RawLoadError, Table, open_library};
+use crate::error::{Error, Result};
+use crate::manifest::{Manifest, Status};
+use crate::types::{
+    Capability, CheckpointIndex, CheckpointReport, ContractRequest, EncoderGraph, EncoderGraphRequest, LayoutRequest,
+    MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PreprocessOptions, Preprocessed,
+    PromptLayout, ShapeBucket,
+};
+use crate::version::{API_VERSION, ApiVersion, SUPPORTED_VERSIONS};
+
+/// Whether the host serves capabilities that are not `qualified`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QualificationPolicy {
+    /// Set by `--allow-unqualified`: serve `experimental` capabilities too.
+    pub allow_unqualified: bool,
+}
+
+/// A plugin that passed every load check.
+pub struct LoadedPlugin {
+    manifest: Manifest,
+    manifest_path: PathBuf,
+    library_path: PathBuf,
+    api_version: ApiVersion,
+    identity: PluginIdentity,
+    module: Table,
+}
+
+impl fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.manifest.plugin.name)
+            .field("version", &self.manifest.plugin.version)
+            .field("api_version", &self.api_version)
+            .field("library_path", &self.library_path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A plugin (or stray library) that was skipped, and why.
+#[derive(Debug)]
+pub struct Rejection {
+    /// The manifest, or the library for a library without a manifest.
+    pub path: PathBuf,
+    /// The plugin name, when the manifest got far enough to tell.
+    pub plugin: Option<String>,
+    /// The reason.
+    pub error: Error,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.plugin {
+            Some(name) => write!(f, "skipped plugin `{name}` ({}): {}", self.path.display(), self.error),
+            None => write!(f, "skipped {}: {}", self.path.display(), self.error),
+        }
+    }
+}
+
+/// The result of scanning a plugin directory.
+#[derive(Debug, Default)]
+pub struct PluginSet {
+    plugins: Vec<LoadedPlugin>,
+    rejected: Vec<Rejection>,
+}
+
+/// Loads every plugin in `dir`: each `*.toml` manifest with the library it names. Libraries
+/// no manifest names are reported too. Fails only if `dir` cannot be listed.
+pub fn scan(dir: &Path) -> Result<PluginSet> {
+    let io = |source| Error::Io { path: dir.to_owned(), source };
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(io)?;
+    entries.sort();
+
+    let mut set = PluginSet::default();
+    let mut named_libraries = Vec::new();
+    for path in entries.iter().filter(|p| p.extension().is_some_and(|e| e == "toml")) {
+        if let Ok(manifest) = Manifest::from_file(path) {
+            named_libraries.push(dir.join(&manifest.plugin.library));
+        }
+        match load_plugin(path) {
+            Ok(plugin) => set.plugins.push(plugin),
+            Err(error) => {
+                let plugin = manifest_name(path);
+                set.rejected.push(Rejection { path: path.clone(), plugin, error });
+            }
+        }
+    }
+    let library_suffix = std::env::consts::DLL_EXTENSION;
+    for path in entries.iter().filter(|p| p.extension().is_some_and(|e| e == library_suffix)) {
+        if !named_libraries.contains(path) {
+            set.rejected.push(Rejection {
+                path: path.clone(),
+                plugin: None,
+                error: Error::NoManifest { path: path.clone() },
+            });
+        }
+    }
+    set.reject_duplicate_claims();
+    Ok(set)
+}
+
+/// The `[plugin] name` of a manifest that may not validate, for rejection reports.
+fn manifest_name(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let value: toml::Table = toml::from_str(&text).ok()?;
+    value.get("plugin")?.get("name")?.as_str().map(str::to_owned)
+}
+
+/// Loads one plugin from its manifest, through every check in the module docs.
+pub fn load_plugin(manifest_path: &Path) -> Result<LoadedPlugin> {
+    let manifest = Manifest::from_file(manifest_path)?;
+    let name = manifest.plugin.name.clone();
+    let declared = manifest.plugin_api();
+    if !loadable(declared) {
+        return Err(incompatible(&name, declared));
+    }
+
+    let dir = manifest_path.parent().unwrap_or(Path::new("."));
+    let library_path = dir.join(&manifest.plugin.library);
+    let bytes = std::fs::read(&library_path).map_err(|source| Error::Io { path: library_path.clone(), source })?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if actual != manifest.plugin.sha256 {
+        return Err(Error::ShaMismatch { path: library_path, expected: manifest.plugin.sha256.clone(), actual });
+    }
+
+    let OpenedLibrary { declared: library_version, table: module } =
+        open_library(&library_path, loadable).map_err(|e| match e {
+            RawLoadError::Open(reason) => Error::LibraryOpen { path: library_path.clone(), reason },
+            RawLoadError::MissingSymbol(symbol) => Error::MissingSymbol { path: library_path.clone(), symbol },
+            RawLoadError::BadVersionSymbol => {
+                Error::AbiCheck { path: library_path.clone(), reason: "the version symbol lacks its magic".to_owned() }
+            }
+            RawLoadError::Incompatible(version) => incompatible(&name, version),
+            RawLoadError::HeaderDisagrees { symbol, header } => Error::AbiCheck {
+                path: library_path.clone(),
+                reason: format!("the version symbol says {symbol} but the abi_stable header says {header}"),
+            },
+            RawLoadError::AbiStable(reason) => Error::AbiCheck { path: library_path.clone(), reason },
+        })?;
+    if library_version != declared {
+        return Err(mismatch(&name, "plugin_api", declared, library_version));
+    }
+
+    let identity = call(&name, "identity", (module.identity())())?;
+    check_identity(&manifest, &identity)?;
+    Ok(LoadedPlugin {
+        manifest,
+        manifest_path: manifest_path.to_owned(),
+        library_path,
+        api_version: library_version,
+        identity,
+        module,
+    })
+}
+
+/// Whether this host loads a plugin built against `version`.
+fn loadable(version: ApiVersion) -> bool {
+    API_VERSION.can_load(version) && SUPPORTED_VERSIONS.contains(&version)
+}
+
+fn incompatible(plugin: &str, plugin_version: ApiVersion) -> Error {
+    let hint = if plugin_version.major != API_VERSION.major {
+        "rebuild the plugin against this host's plugin-api major version"
+    } else {
+        "upgrade the host, or rebuild the plugin against an older plugin-api minor"
+    };
+    Error::IncompatibleApi { plugin: plugin.to_owned(), plugin_version, host_version: API_VERSION, hint }
+}
+
+fn mismatch(plugin: &str, field: &'static str, manifest: impl fmt::Display, library: impl fmt::Display) -> Error {
+    Error::ManifestMismatch {
+        plugin: plugin.to_owned(),
+        field,
+        manifest: manifest.to_string(),
+        library: library.to_string(),
+    }
+}
+
+/// Compares what the library says about itself with what its manifest says.
+fn check_identity(manifest: &Manifest, identity: &PluginIdentity) -> Result<()> {
+    let name = &manifest.plugin.name;
+    if identity.name.as_str() != name {
+        return Err(mismatch(name, "name", name, &identity.name));
+    }
+    if identity.version.as_str() != manifest.plugin.version {
+        return Err(mismatch(name, "version", &manifest.plugin.version, &identity.version));
+    }
+    let listed = |values: &mut Vec<String>| {
+        values.sort();
+        values.dedup();
+        values.join(", ")
+    };
+    let pairs: [(&'static str, Vec<String>, Vec<String>); 4] = [
+        (
+            "architectures",
+            manifest.accepts.architectures.clone(),
+            identity.architectures.iter().map(|s| s.to_string()).collect(),
+        ),
+        (
+            "model_types",
+            manifest.accepts.model_types.clone(),
+            identity.model_types.iter().map(|s| s.to_string()).collect(),
+        ),
+        (
+            "modalities",
+            manifest.modalities.clone(),
+            identity.modalities.iter().map(|m| m.as_str().to_owned()).collect(),
+        ),
+        (
+            "capabilities",
+            manifest.capabilities.keys().cloned().collect(),
+            identity.capabilities.iter().map(|c| c.as_str().to_owned()).collect(),
+        ),
+    ];
+    for (field, mut in_manifest, mut in_library) in pairs {
+        let (m, l) = (listed(&mut in_manifest), listed(&mut in_library));
+        if m != l {
+            return Err(mismatch(name, field, format!("[{m}]"), format!("[{l}]")));
+        }
+    }
+    Ok(())
+}
+
+fn call<T>(plugin: &str, entry: &'static str, result: RResult<T, PluginError>) -> Result<T> {
+    result.into_result().map_err(|error| Error::Plugin { plugin: plugin.to_owned(), entry, error })
+}
+
+impl PluginSet {
+    /// The plugins that loaded, in manifest file order.
+    pub fn plugins(&self) -> &[LoadedPlugin] {
+        &self.plugins
+    }
+
+    /// Everything that was skipped, with reasons.
+    pub fn rejected(&self) -> &[Rejection] {
+        &self.rejected
+    }
+
+    /// The loaded plugin with this name.
+    pub fn get(&self, name: &str) -> Option<&LoadedPlugin> {
+        self.plugins.iter().find(|p| p.name() == name)
+    }
+
+    /// The plugin that accepts a checkpoint config (`config.json` text): by its first
+    /// `architectures` entry, else by `model_type`.
+    pub fn for_config(&self, config_json: &str) -> Result<&LoadedPlugin> {
+        let value: serde_json::Value =
+            serde_json::from_str(config_json).map_err(|e| Error::BadConfig { reason: e.to_string() })?;
+        let architecture =
+            value.get("architectures").and_then(|a| a.get(0)).and_then(|a| a.as_str()).unwrap_or_default();
+        let model_type = value.get("model_type").and_then(|m| m.as_str()).unwrap_or_default();
+        self.plugins
+            .iter()
+            .find(|p| !architecture.is_empty() && p.manifest.accepts.architectures.iter().any(|a| a == architecture))
+            .or_else(|| {
+                self.plugins
+                    .iter()
+                    .find(|p| !model_type.is_empty() && p.manifest.accepts.model_types.iter().any(|m| m == model_type))
+            })
+            .ok_or_else(|| Error::NoPlugin { architecture: architecture.to_owned(), model_type: model_type.to_owned() })
+    }
+
+    /// Moves every plugin that shares a name, architecture or model type with another loaded
+    /// plugin to the rejected list. Which one the user meant cannot be decided from directory
+    /// order, so neither is served.
+    fn reject_duplicate_claims(&mut self) {
+        let mut claims: BTreeMap<(&'static str, String), Vec<usize>> = BTreeMap::new();
+        for (index, plugin) in self.plugins.iter().enumerate() {
+            let m = &plugin.manifest;
+            claims.entry(("name", m.plugin.name.clone())).or_default().push(index);
+            for a in &m.accepts.architectures {
+                claims.entry(("architecture", a.clone())).or_default().push(index);
+            }
+            for t in &m.accepts.model_types {
+                claims.entry(("model_type", t.clone())).or_default().push(index);
+            }
+        }
+        let mut reasons: BTreeMap<usize, Error> = BTreeMap::new();
+        for ((kind, value), indices) in claims {
+            let mut indices = indices;
+            indices.dedup();
+            if indices.len() < 2 {
+                continue;
+            }
+            for &index in &indices {
+                let others: Vec<String> = indices
+                    .iter()
+                    .filter(|&&i| i != index)
+                    .map(|&i| format!("{} ({})", self.plugins[i].name(), self.plugins[i].manifest_path.display()))
+                    .collect();
+                reasons.entry(index).or_insert_with(|| Error::DuplicateClaim {
+                    plugin: self.plugins[index].name().to_owned(),
+                    kind,
+                    value: value.clone(),
+                    others: others.join(", "),
+                });
+            }
+        }
+        for (index, error) in reasons.into_iter().rev() {
+            let plugin = self.plugins.remove(index);
+            self.rejected.push(Rejection {
+                path: plugin.manifest_path,
+                plugin: Some(plugin.manifest.plugin.name),
+                error,
+            });
+        }
+    }
+}
+
+impl LoadedPlugin {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.manifest.plugin.name
+    }
+
+    /// Its validated manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Where the manifest was read from.
+    pub fn manifest_path(&self) -> &Path {
+        &self.manifest_path
+    }
+
+    /// The library file.
+    pub fn library_path(&self) -> &Path {
+        &self.library_path
+    }
+
+    /// The plugin-api version the library was built against.
+    pub fn api_version(&self) -> ApiVersion {
+        self.api_version
+    }
+
+    /// What the library said about itself at load time.
+    pub fn identity(&self) -> &PluginIdentity {
+        &self.identity
+    }
+
+    /// Gates a capability: `Ok(status)` if the host may serve it under `policy`, otherwise a
+    /// typed error whose message names the opt-in flag where one would help.
+    pub fn check_capability(&self, capability: Capability, policy: QualificationPolicy) -> Result<Status> {
+        check_capability(&self.manifest, capability, policy)
+    }
+
+    /// Calls `identity` again (it was called once at load).
+    pub fn call_identity(&self) -> Result<PluginIdentity> {
+        call(self.name(), "identity", (self.module.identity())())
+    }
+
+    /// Parses a checkpoint's `config.json` and processor config text.
+    pub fn parse_config(&self, config_json: &str, processor_json: &str) -> Result<ModelConfig> {
+        let f = self.module.parse_config();
+        call(self.name(), "parse_config", f(RStr::from_str(config_json), RStr::from_str(processor_json)))
+    }
+
+    /// Expands the placeholders of one request.
+    pub fn prompt_layout(&self, config: &ModelConfig, request: &LayoutRequest) -> Result<PromptLayout> {
+        call(self.name(), "prompt_layout", (self.module.prompt_layout())(config, request))
+    }
+
+    /// Preprocesses one item.
+    pub fn preprocess(
+        &self,
+        config: &ModelConfig,
+        item: &MediaItem,
+        options: &PreprocessOptions,
+    ) -> Result<Preprocessed> {
+        call(self.name(), "preprocess", (self.module.preprocess())(config, item, options))
+    }
+
+    /// The encoder's shape buckets for a modality.
+    pub fn encoder_buckets(&self, config: &ModelConfig, modality: Modality) -> Result<Vec<ShapeBucket>> {
+        call(self.name(), "encoder_buckets", (self.module.encoder_buckets())(config, modality))
+            .map(|buckets| buckets.into_vec())
+    }
+
+    /// The encoder graph for one bucket.
+    pub fn encoder_graph(&self, config: &ModelConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph> {
+        call(self.name(), "encoder_graph", (self.module.encoder_graph())(config, request))
+    }
+
+    /// The prepared-prefill contract for one tokenized request.
+    pub fn prefill_contract(&self, config: &ModelConfig, request: &ContractRequest) -> Result<PrefillContract> {
+        call(self.name(), "prefill_contract", (self.module.prefill_contract())(config, request))
+    }
+
+    /// Checks a checkpoint's tensor index; `Ok(None)` when the plugin predates plugin-api 1.1
+    /// and has no such entry.
+    pub fn check_checkpoint(&self, config: &ModelConfig, index: &CheckpointIndex) -> Result<Option<CheckpointReport>> {
+        match self.module.check_checkpoint() {
+            Some(f) => call(self.name(), "check_checkpoint", f(config, index)).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The capability gate on a manifest: `qualified` is always served, `experimental` only with
+/// `policy.allow_unqualified` (the `--allow-unqualified` flag), `unsupported` or undeclared
+/// never.
+pub fn check_capability(manifest: &Manifest, capability: Capability, policy: QualificationPolicy) -> Result<Status> {
+    let plugin = manifest.plugin.name.clone();
+    match manifest.capability(capability).map(|entry| entry.status) {
+        Some(Status::Qualified) => Ok(Status::Qualified),
+        Some(Status::Experimental) if policy.allow_unqualified => Ok(Status::Experimental),
+        Some(status @ Status::Experimental) => Err(Error::Unqualified { plugin, capability, status }),
+        Some(Status::Unsupported) | None => Err(Error::Unsupported { plugin, capability }),
+    }
+}

@@ -1,0 +1,1 @@
+//! Builds the out-of-tree plugin from docs/writing-a-plugin.md and loads it.

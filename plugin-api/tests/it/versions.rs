@@ -1,0 +1,62 @@
+//! Version negotiation: refusals name both versions; an older compatible minor loads.
+
+use mlxcel_plugin_api::{API_VERSION, CheckpointIndex, Error, PreprocessOptions, RVec, load_plugin};
+
+use crate::support::{GOOD, INCOMPATIBLE_MAJOR, OLDER_MINOR, PluginDir};
+
+#[test]
+fn an_incompatible_major_is_refused_from_the_manifest_naming_both_versions() {
+    let dir = PluginDir::new();
+    let manifest = dir.install(INCOMPATIBLE_MAJOR, |_| {});
+    let err = load_plugin(&manifest).expect_err("major 2 on a 1.x host");
+    match &err {
+        Error::IncompatibleApi { plugin_version, host_version, .. } => {
+            assert_eq!((plugin_version.to_string(), *host_version), ("2.0".to_owned(), API_VERSION));
+        }
+        other => panic!("expected IncompatibleApi, got {other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "plugin `testkit-incompatible-major` was built against plugin-api 2.0, which this host (plugin-api 1.1) \
+         cannot load: rebuild the plugin against this host's plugin-api major version"
+    );
+}
+
+#[test]
+fn an_incompatible_major_is_refused_from_the_library_even_if_the_manifest_lies() {
+    let dir = PluginDir::new();
+    let manifest = dir.install(INCOMPATIBLE_MAJOR, |m| m.plugin.plugin_api = "1.1".to_owned());
+    let err = load_plugin(&manifest).expect_err("the version symbol says 2.0");
+    assert!(matches!(err, Error::IncompatibleApi { .. }), "{err:?}");
+    assert!(err.to_string().contains("built against plugin-api 2.0, which this host (plugin-api 1.1) cannot load"));
+}
+
+#[test]
+fn a_newer_minor_is_refused() {
+    let dir = PluginDir::new();
+    let manifest = dir.install(GOOD, |m| m.plugin.plugin_api = "1.2".to_owned());
+    let err = load_plugin(&manifest).expect_err("1.2 on a 1.1 host");
+    assert_eq!(
+        err.to_string(),
+        "plugin `testkit-good` was built against plugin-api 1.2, which this host (plugin-api 1.1) cannot load: \
+         upgrade the host, or rebuild the plugin against an older plugin-api minor"
+    );
+}
+
+#[test]
+fn a_plugin_built_against_an_older_minor_loads_without_the_newer_entries() {
+    let dir = PluginDir::new();
+    let manifest = dir.install(OLDER_MINOR, |_| {});
+    let plugin = load_plugin(&manifest).expect("1.0 plugin on a 1.1 host");
+    assert_eq!(plugin.api_version().to_string(), "1.0");
+
+    let config = plugin.parse_config(&OLDER_MINOR.config_json(), "").expect("1.0 entries work");
+    let pixels = RVec::from(vec![0u8; 2 * 2 * 3]);
+    let item = mlxcel_plugin_api::MediaItem::Rgb8 { width: 2, height: 2, pixels };
+    let pre = plugin.preprocess(&config, &item, &PreprocessOptions::default()).expect("preprocess");
+    assert_eq!(pre.grid.feature_tokens, 1);
+
+    // `check_checkpoint` arrived in 1.1: a 1.0 plugin does not have it, and says so as `None`.
+    let report = plugin.check_checkpoint(&config, &CheckpointIndex { tensors: RVec::new() }).expect("no error");
+    assert_eq!(report, None);
+}
