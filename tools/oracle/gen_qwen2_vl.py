@@ -42,17 +42,15 @@ def text_config(**over) -> dict:
     return cfg
 
 
-def processor(image_processor_cls=Qwen2VLImageProcessorPil, video_cls=Qwen2VLVideoProcessor, patch_size=14,
-              **image_kw):
-    """The Qwen-VL processor family: ChatML template, smart_resize image processor, video processor."""
+def processor(processor_cls=Qwen2VLProcessor, video_cls=Qwen2VLVideoProcessor, patch_size=14, **image_kw):
+    """The Qwen-VL processor family: ChatML template, smart_resize image processor (PIL), video processor."""
     kw = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=patch_size, temporal_patch_size=2,
               merge_size=2)
     kw.update(image_kw)
     tok = common.hf_tokenizer(SPECIALS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     video = video_cls(patch_size=patch_size, temporal_patch_size=2, merge_size=2)
-    cls = {Qwen2VLImageProcessorPil: Qwen2VLProcessor}.get(image_processor_cls)
-    return (cls or Qwen2VLProcessor)(image_processor=image_processor_cls(**kw), tokenizer=tok, video_processor=video,
-                                     chat_template=CHAT_TEMPLATE)
+    return processor_cls(image_processor=Qwen2VLImageProcessorPil(**kw), tokenizer=tok, video_processor=video,
+                         chat_template=CHAT_TEMPLATE)
 
 
 def encoder(model, inputs):
