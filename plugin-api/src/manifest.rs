@@ -154,7 +154,7 @@ impl Manifest {
     /// Parses and validates manifest text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
         let invalid = |problem: String| Error::InvalidManifest { path: path.to_owned(), problem };
-        let manifest: Manifest = toml::from_str(text).map_err(|e| invalid(toml_message(&e)))?;
+        let manifest: Manifest = toml::from_str(text).map_err(|e| invalid(toml_message(&e, text)))?;
         manifest.validate().map_err(invalid)?;
         Ok(manifest)
     }
@@ -338,8 +338,8 @@ pub fn modality_from_name(name: &str) -> Option<Modality> {
     Modality::ALL.into_iter().find(|m| m.as_str() == name)
 }
 
-/// toml's messages span lines and end with a newline; keep the first line, lowercase start.
-fn toml_message(error: &toml::de::Error) -> String {
+/// toml's message with a lowercase start, no trailing period, and the line it points at.
+fn toml_message(error: &toml::de::Error, text: &str) -> String {
     let message = error.message().trim_end_matches('.');
     let mut chars = message.chars();
     let lowered = match chars.next() {
@@ -347,7 +347,10 @@ fn toml_message(error: &toml::de::Error) -> String {
         None => String::new(),
     };
     match error.span() {
-        Some(span) => format!("{lowered} (at byte {})", span.start),
+        Some(span) => {
+            let line = text.get(..span.start).map_or(0, |before| before.matches('\n').count()) + 1;
+            format!("{lowered} (line {line})")
+        }
         None => lowered,
     }
 }
