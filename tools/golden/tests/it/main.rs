@@ -1,0 +1,3 @@
+//! Integration tests: every committed oracle fixture loads and is internally consistent.
+
+mod fixtures;
