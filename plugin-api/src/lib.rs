@@ -17,6 +17,7 @@
 
 #[expect(unsafe_code, reason = "the ABI module is the one place that loads libraries and builds abi_stable headers")]
 mod abi;
+pub mod conformance;
 mod error;
 mod guest;
 #[cfg(feature = "host")]

@@ -539,6 +539,9 @@ pub enum Positions {
         ids: RVec<i64>,
         /// How the rotary half-dimension splits between t, h and w (`mrope_section`).
         sections: RVec<u32>,
+        /// Whether the three rows' frequencies interleave (t, h, w, t, h, w, ...) as in
+        /// Qwen3-VL, instead of occupying contiguous sections as in Qwen2-VL.
+        interleaved: bool,
         /// The position of the first decoded token (all three rows equal from then on);
         /// `next_position - len` is the `rope_delta` carried into decode.
         next_position: i64,
