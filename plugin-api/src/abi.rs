@@ -42,7 +42,7 @@ pub(crate) const VERSION_MAGIC: [u8; 8] = *b"MLXCELPA";
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VersionSymbol {
-    /// Always [`VERSION_MAGIC`].
+    /// Always `MLXCELPA`, so a foreign symbol of the same name is not misread.
     pub magic: [u8; 8],
     /// The plugin-api major version.
     pub major: u32,

@@ -29,7 +29,7 @@ pub struct ParsedConfig<C> {
     pub config: C,
 }
 
-/// One model family, implemented by a plugin crate and exported with [`export_plugin!`].
+/// One model family, implemented by a plugin crate and exported with [`export_plugin!`](crate::export_plugin).
 ///
 /// Entries take the family's typed config (`Self::Config`), already deserialized from the
 /// [`ModelConfig`] the host passes back. Return [`PluginError`]s for bad input; a panic is
