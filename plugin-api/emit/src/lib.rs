@@ -217,7 +217,7 @@ impl Module {
         self.next_global += 1;
         let symbol = format!("s{n}_{name}");
         let value =
-            if ty.elem.is_float() { format!("{:e}", init + (n as f64) * 1e-30) } else { format!("{}", init as i64) };
+            if ty.elem.is_float() { format!("{:.17e}", init + (n as f64) * 1e-30) } else { format!("{}", init as i64) };
         self.globals.push(format!("  util.global private mutable @{symbol} = dense<{value}> : {ty}"));
         Global { symbol, ty, mutable: true }
     }

@@ -31,7 +31,8 @@ fn float_literal(x: f64) -> String {
     } else if x.is_infinite() {
         if x > 0.0 { "0x7F800000".into() } else { "0xFF800000".into() }
     } else {
-        format!("{x:e}")
+        // MLIR float literals need a decimal point; 17 digits round-trip f64.
+        format!("{x:.17e}")
     }
 }
 
@@ -42,7 +43,7 @@ impl Func {
             // Infinities need the hex form at the element's width.
             match (ty.elem, x.is_infinite()) {
                 (Elem::F32, _) => float_literal(x),
-                (_, false) => format!("{x:e}"),
+                (_, false) => float_literal(x),
                 (Elem::BF16, true) => (if x > 0.0 { "0x7F80" } else { "0xFF80" }).into(),
                 (_, true) => (if x > 0.0 { "0x7C00" } else { "0xFC00" }).into(),
             }

@@ -21,7 +21,7 @@ fn a_small_function_renders_as_stablehlo() {
   func.func @f(%v0: tensor<4x2xf32>) -> (tensor<4xf32>) {
     %v1 = util.global.load @p0 : tensor<3x2xf32>
     %v2 = stablehlo.dot_general %v0, %v1, contracting_dims = [1] x [1] : (tensor<4x2xf32>, tensor<3x2xf32>) -> tensor<4x3xf32>
-    %v3 = stablehlo.constant dense<0e0> : tensor<f32>
+    %v3 = stablehlo.constant dense<0.00000000000000000e0> : tensor<f32>
     %v4 = stablehlo.reduce(%v2 init: %v3) applies stablehlo.add across dimensions = [1] : (tensor<4x3xf32>, tensor<f32>) -> tensor<4xf32>
     return %v4 : tensor<4xf32>
   }
@@ -135,7 +135,7 @@ fn rms_norm_styles_round_at_their_own_points() {
     let last_line = |s: &str| s.lines().rev().find(|l| l.contains(" = ")).unwrap_or("").to_owned();
     assert!(last_line(&plain).contains("stablehlo.multiply") && last_line(&plain).contains("bf16"), "{plain}");
     assert!(last_line(&gemma).contains("stablehlo.convert"), "{gemma}");
-    assert!(gemma.contains("dense<1e0> : tensor<4xf32>"), "(1 + w) in f32: {gemma}");
+    assert!(gemma.contains("dense<1.00000000000000000e0> : tensor<4xf32>"), "(1 + w) in f32: {gemma}");
 }
 
 #[test]

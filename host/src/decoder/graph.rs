@@ -1,0 +1,319 @@
+//! The decoder bundle as StableHLO: one module whose exports share one
+//! packed, device-resident KV cache.
+//!
+//! - `embed(tokens[T]) -> [T, H]`
+//! - `prefill_embeddings(x[T, H], pos[T], mask[T, C], slot, start) -> logits[T, V]`
+//! - `prefill_tokens(tokens[T], pos[T], mask[T, C], slot, start) -> logits[T, V]`
+//! - `decode(tokens[S], pos[S], write[S], mask[S, C]) -> logits[S, V]`
+//!
+//! `T` is the prefill chunk, `C` the context capacity, `S` the slot count.
+//! The cache is one global `[L, 2, S, C, KVH, D]` (packed: IREE 3.13 fuses
+//! separately declared DUS-only globals). Masks are additive and built by the
+//! host, so causal, padded and family-specific masks all take one path.
+
+use mlxcel_emit::{Elem, EmitError, Func, Global, Module, NumericContract, RmsStyle, Type, Value};
+
+use super::config::{Arch, TextConfig};
+
+/// The fixed shapes a bundle is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BundleShape {
+    /// Tokens per prefill call.
+    pub chunk: usize,
+    /// Cache rows per slot; a multiple of `chunk`.
+    pub capacity: usize,
+    pub slots: usize,
+}
+
+struct Layer {
+    ln1: Global,
+    q: Global,
+    k: Global,
+    v: Global,
+    qkv_bias: Option<[Global; 3]>,
+    qk_norm: Option<[Global; 2]>,
+    o: Global,
+    ln2: Global,
+    gate: Global,
+    up: Global,
+    down: Global,
+}
+
+struct Weights {
+    embed: Global,
+    layers: Vec<Layer>,
+    norm: Global,
+    lm_head: Global,
+}
+
+/// Which cache slots the rows of a call use.
+enum Slots {
+    /// One slot (runtime index) for every row: prefill.
+    One(Value),
+    /// Row `b` uses slot `b`: decode.
+    All,
+}
+
+struct Emitter<'a> {
+    cfg: &'a TextConfig,
+    shape: BundleShape,
+    c: NumericContract,
+    w: Weights,
+    cache: Global,
+}
+
+/// Emits the bundle module for `cfg`.
+pub fn emit(
+    cfg: &TextConfig,
+    shape: BundleShape,
+    contract: NumericContract,
+    weights: Elem,
+) -> Result<String, EmitError> {
+    let mut m = Module::new("decoder");
+    let p = |m: &mut Module, key: String, shape: &[usize]| m.param(&key, Type::new(weights, shape));
+    let (h, d) = (cfg.hidden, cfg.head_dim);
+    let embed = p(&mut m, "model.embed_tokens.weight".into(), &[cfg.vocab, h]);
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for i in 0..cfg.layers {
+        let n = |s: &str| format!("model.layers.{i}.{s}");
+        layers.push(Layer {
+            ln1: p(&mut m, n("input_layernorm.weight"), &[h]),
+            q: p(&mut m, n("self_attn.q_proj.weight"), &[cfg.heads * d, h]),
+            k: p(&mut m, n("self_attn.k_proj.weight"), &[cfg.kv_heads * d, h]),
+            v: p(&mut m, n("self_attn.v_proj.weight"), &[cfg.kv_heads * d, h]),
+            qkv_bias: cfg.qkv_bias.then(|| {
+                [
+                    p(&mut m, n("self_attn.q_proj.bias"), &[cfg.heads * d]),
+                    p(&mut m, n("self_attn.k_proj.bias"), &[cfg.kv_heads * d]),
+                    p(&mut m, n("self_attn.v_proj.bias"), &[cfg.kv_heads * d]),
+                ]
+            }),
+            qk_norm: (cfg.arch == Arch::Qwen3).then(|| {
+                [p(&mut m, n("self_attn.q_norm.weight"), &[d]), p(&mut m, n("self_attn.k_norm.weight"), &[d])]
+            }),
+            o: p(&mut m, n("self_attn.o_proj.weight"), &[h, cfg.heads * d]),
+            ln2: p(&mut m, n("post_attention_layernorm.weight"), &[h]),
+            gate: p(&mut m, n("mlp.gate_proj.weight"), &[cfg.intermediate, h]),
+            up: p(&mut m, n("mlp.up_proj.weight"), &[cfg.intermediate, h]),
+            down: p(&mut m, n("mlp.down_proj.weight"), &[h, cfg.intermediate]),
+        });
+    }
+    let norm = p(&mut m, "model.norm.weight".into(), &[h]);
+    let lm_head = if cfg.tied_embeddings { embed.clone() } else { p(&mut m, "lm_head.weight".into(), &[cfg.vocab, h]) };
+    let cache_ty = Type::new(contract.activations, &[cfg.layers, 2, shape.slots, shape.capacity, cfg.kv_heads, d]);
+    let cache = m.state("kv", cache_ty, 0.0);
+    let e = Emitter { cfg, shape, c: contract, w: Weights { embed, layers, norm, lm_head }, cache };
+
+    let (t, cap, s) = (shape.chunk, shape.capacity, shape.slots);
+    let i32s = |n: usize| Type::new(Elem::I32, &[n]);
+    let scalar = Type::scalar(Elem::I32);
+    let mask = |n: usize| Type::new(Elem::F32, &[n, cap]);
+
+    // embed
+    let (mut f, a) = m.func("embed", &[i32s(t)]);
+    let x = e.embed(&mut f, &a[0]);
+    m.add_func(f, &[x]);
+
+    // prefill_embeddings
+    let (mut f, a) =
+        m.func("prefill_embeddings", &[contract.act(&[t, h]), i32s(t), mask(t), scalar.clone(), scalar.clone()]);
+    let x = f.reshape(&a[0], &[1, t, h]);
+    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()]);
+    m.add_func(f, &[logits]);
+
+    // prefill_tokens
+    let (mut f, a) = m.func("prefill_tokens", &[i32s(t), i32s(t), mask(t), scalar.clone(), scalar]);
+    let x = e.embed(&mut f, &a[0]);
+    let x = f.reshape(&x, &[1, t, h]);
+    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()]);
+    m.add_func(f, &[logits]);
+
+    // decode: row b is slot b, one token each.
+    let (mut f, a) = m.func("decode", &[i32s(s), i32s(s), i32s(s), mask(s)]);
+    let x = e.embed(&mut f, &a[0]);
+    let x = f.reshape(&x, &[s, 1, h]);
+    let writes: Vec<Value> = (0..s)
+        .map(|b| {
+            let one = f.slice(&a[2], &[b], &[b + 1]);
+            f.reshape(&one, &[])
+        })
+        .collect();
+    let logits = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes);
+    m.add_func(f, &[logits]);
+
+    m.finish()
+}
+
+impl Emitter<'_> {
+    fn embed(&self, f: &mut Func, tokens: &Value) -> Value {
+        let table = f.load(&self.w.embed);
+        let rows = f.gather_rows(&table, tokens);
+        f.convert(&rows, self.c.activations)
+    }
+
+    /// Runs the layers on `x [B, T, H]` and returns f32 logits `[B*T, V]`
+    /// (`[T, V]` for prefill, `[S, V]` for decode). `pos` is `[B*T]`,
+    /// `mask` `[B*T, C]`; `writes` holds each row group's first cache row.
+    fn forward(&self, f: &mut Func, x: &Value, pos: &Value, mask: &Value, slots: Slots, writes: &[Value]) -> Value {
+        let (b, t, h) = (x.shape()[0], x.shape()[1], self.cfg.hidden);
+        let (cos, sin) = self.rope_tables(f, pos, b, t);
+        let mask = f.reshape(mask, &[b, t, self.shape.capacity]);
+        let mut cache = f.load(&self.cache);
+        let mut x = x.clone();
+        for (l, layer) in self.w.layers.iter().enumerate() {
+            let (y, updated) = self.layer(f, l, layer, &x, &cos, &sin, &mask, &slots, writes, cache);
+            cache = updated;
+            x = y;
+        }
+        f.store(&self.cache, &cache);
+        let norm = f.load(&self.w.norm);
+        let x = self.c.rms_norm(f, &x, &norm, self.cfg.rms_eps, RmsStyle::Plain);
+        let x = f.reshape(&x, &[b * t, h]);
+        let head = f.load(&self.w.lm_head);
+        let logits = self.c.linear(f, &x, &head, None);
+        f.convert(&logits, Elem::F32)
+    }
+
+    /// cos/sin `[B, T, D]` from positions, as transformers' default rotary
+    /// embedding: `freqs = pos * inv_freq`, duplicated over both halves.
+    fn rope_tables(&self, f: &mut Func, pos: &Value, b: usize, t: usize) -> (Value, Value) {
+        let d = self.cfg.head_dim;
+        let inv = self.cfg.inv_freq();
+        let mut both = inv.clone();
+        both.extend_from_slice(&inv);
+        let inv = f.constant_f32(&[d], &both);
+        let p = f.convert(pos, Elem::F32);
+        let p = f.reshape(&p, &[b, t]);
+        let pb = f.broadcast(&p, &[b, t, d], &[0, 1]);
+        let ib = f.broadcast(&inv, &[b, t, d], &[2]);
+        let freqs = f.mul(&pb, &ib);
+        let (cos, sin) = (f.cos(&freqs), f.sin(&freqs));
+        (f.convert(&cos, self.c.activations), f.convert(&sin, self.c.activations))
+    }
+
+    /// `x * cos + rotate_half(x) * sin` for `x [B, T, N, D]`.
+    fn rope(&self, f: &mut Func, x: &Value, cos: &Value, sin: &Value) -> Value {
+        let s = x.shape().to_vec();
+        let (n, d) = (s[2], s[3]);
+        let half = d / 2;
+        let x1 = f.slice(x, &[0, 0, 0, 0], &[s[0], s[1], n, half]);
+        let x2 = f.slice(x, &[0, 0, 0, half], &[s[0], s[1], n, d]);
+        let nx2 = f.neg(&x2);
+        let rot = f.concat(&[nx2, x1], 3);
+        let cb = f.broadcast(cos, &s, &[0, 1, 3]);
+        let sb = f.broadcast(sin, &s, &[0, 1, 3]);
+        let a = f.mul(x, &cb);
+        let r = f.mul(&rot, &sb);
+        f.add(&a, &r)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &self,
+        f: &mut Func,
+        l: usize,
+        w: &Layer,
+        x: &Value,
+        cos: &Value,
+        sin: &Value,
+        mask: &Value,
+        slots: &Slots,
+        writes: &[Value],
+        cache: Value,
+    ) -> (Value, Value) {
+        let cfg = self.cfg;
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (nh, kvh, d, cap) = (cfg.heads, cfg.kv_heads, cfg.head_dim, self.shape.capacity);
+        let g = nh / kvh;
+        let c = &self.c;
+
+        let ln1 = f.load(&w.ln1);
+        let hx = c.rms_norm(f, x, &ln1, cfg.rms_eps, RmsStyle::Plain);
+        let bias = |f: &mut Func, i: usize| w.qkv_bias.as_ref().map(|bs| f.load(&bs[i]));
+        let proj = |f: &mut Func, wg: &Global, bi: Option<Value>, heads: usize| {
+            let wv = f.load(wg);
+            let y = c.linear(f, &hx, &wv, bi.as_ref());
+            f.reshape(&y, &[b, t, heads, d])
+        };
+        let bq = bias(f, 0);
+        let mut q = proj(f, &w.q, bq, nh);
+        let bk = bias(f, 1);
+        let mut k = proj(f, &w.k, bk, kvh);
+        let bv = bias(f, 2);
+        let v = proj(f, &w.v, bv, kvh);
+        if let Some([qn, kn]) = &w.qk_norm {
+            let qn = f.load(qn);
+            q = c.rms_norm(f, &q, &qn, cfg.rms_eps, RmsStyle::Plain);
+            let kn = f.load(kn);
+            k = c.rms_norm(f, &k, &kn, cfg.rms_eps, RmsStyle::Plain);
+        }
+        let q = self.rope(f, &q, cos, sin);
+        let k = self.rope(f, &k, cos, sin);
+
+        // Write this call's K and V rows into the cache.
+        let idx = |f: &mut Func, v: usize| f.splat(&Type::scalar(Elem::I32), v as f64);
+        let zero = idx(f, 0);
+        let lidx = idx(f, l);
+        let mut cache = cache;
+        for (which, kv) in [(0usize, &k), (1, &v)] {
+            let widx = idx(f, which);
+            for (row, write) in writes.iter().enumerate().take(b) {
+                let part = f.slice(kv, &[row, 0, 0, 0], &[row + 1, t, kvh, d]);
+                let part = f.reshape(&part, &[1, 1, 1, t, kvh, d]);
+                let slot = match slots {
+                    Slots::One(s) => s.clone(),
+                    Slots::All => idx(f, row),
+                };
+                let at = [lidx.clone(), widx.clone(), slot, write.clone(), zero.clone(), zero.clone()];
+                cache = f.dynamic_update_slice(&cache, &part, &at);
+            }
+        }
+
+        // Read every cache row of the slots this call uses: [B, C, KVH, D].
+        let s_all = self.shape.slots;
+        let read = |f: &mut Func, which: usize| -> Value {
+            match slots {
+                Slots::One(s) => {
+                    let w = idx(f, which);
+                    let at = [lidx.clone(), w, s.clone(), zero.clone(), zero.clone(), zero.clone()];
+                    let r = f.dynamic_slice(&cache, &at, &[1, 1, 1, cap, kvh, d]);
+                    f.reshape(&r, &[1, cap, kvh, d])
+                }
+                Slots::All => {
+                    let r = f.slice(&cache, &[l, which, 0, 0, 0, 0], &[l + 1, which + 1, s_all, cap, kvh, d]);
+                    f.reshape(&r, &[s_all, cap, kvh, d])
+                }
+            }
+        };
+        let keys = read(f, 0);
+        let values = read(f, 1);
+
+        // Grouped-query attention: q [B, T, KVH, G, D] against keys [B, C, KVH, D].
+        let qg = f.reshape(&q, &[b, t, kvh, g, d]);
+        // scores [B, KVH, T, G, C]
+        let scores = c.matmul(f, &qg, &keys, (&[0, 2], &[0, 2]), (&[4], &[3]));
+        let scale = f.splat(scores.ty(), (d as f64).powf(-0.5));
+        let scores = f.mul(&scores, &scale);
+        let sa = f.convert(&scores, Elem::F32);
+        let mb = f.broadcast(mask, &[b, kvh, t, g, cap], &[0, 2, 4]);
+        let masked = f.add(&sa, &mb);
+        let probs = c.softmax(f, &masked);
+        // out [B, KVH, T, G, D]
+        let out = c.matmul(f, &probs, &values, (&[0, 1], &[0, 2]), (&[4], &[1]));
+        let out = f.transpose(&out, &[0, 2, 1, 3, 4]);
+        let out = f.reshape(&out, &[b, t, nh * d]);
+        let o = f.load(&w.o);
+        let attn = c.linear(f, &out, &o, None);
+        let x = c.residual(f, x, &attn);
+
+        let ln2 = f.load(&w.ln2);
+        let hx = c.rms_norm(f, &x, &ln2, cfg.rms_eps, RmsStyle::Plain);
+        let (gw, uw, dw) = (f.load(&w.gate), f.load(&w.up), f.load(&w.down));
+        let gate = c.linear(f, &hx, &gw, None);
+        let up = c.linear(f, &hx, &uw, None);
+        let act = c.silu(f, &gate);
+        let prod = f.mul(&act, &up);
+        let down = c.linear(f, &prod, &dw, None);
+        (c.residual(f, &x, &down), cache)
+    }
+}

@@ -1,0 +1,6 @@
+//! `mlxcel-host` as a library: the text decoders and, as they land, the
+//! engine and the server. The binary in `main.rs` is glue over this.
+
+#![forbid(unsafe_code)]
+
+pub mod decoder;

@@ -1,0 +1,167 @@
+//! Text decoders at parity with transformers: full-sequence logits within
+//! 1e-4 and 16 greedy tokens identical, for prompts inside one prefill chunk
+//! and longer than one, single and side by side in two slots.
+
+use std::path::{Path, PathBuf};
+
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions};
+use mlxcel_shim::{CompileCache, Compiler, Device, Driver};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+struct Golden {
+    input_ids: Vec<u32>,
+    greedy: Vec<u32>,
+    logits: Vec<f32>,
+    decode_logits: Vec<f32>,
+}
+
+fn golden(name: &str, variant: &str) -> Golden {
+    let dir = fixture(name).join("goldens");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{variant}.json"))).expect("json"))
+            .expect("json");
+    let ids = |k: &str| -> Vec<u32> {
+        meta[k].as_array().expect("array").iter().map(|v| v.as_u64().expect("id") as u32).collect()
+    };
+    let bytes = std::fs::read(dir.join(format!("{variant}.safetensors"))).expect("goldens");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let f32s = |k: &str| -> Vec<f32> {
+        st.tensor(k).expect(k).data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    Golden {
+        input_ids: ids("input_ids"),
+        greedy: ids("greedy_tokens"),
+        logits: f32s("logits"),
+        decode_logits: f32s("decode_logits"),
+    }
+}
+
+fn load(name: &str, shape: BundleShape) -> Decoder {
+    let compiler = Compiler::locate().expect("compiler");
+    let cache = CompileCache::new(CompileCache::default_dir());
+    let device = Device::new(Driver::LocalSync).expect("device");
+    let options = DecoderOptions { shape, ..DecoderOptions::default() };
+    Decoder::load(&fixture(name), options, &device, &compiler, &cache).expect("decoder loads")
+}
+
+const SHAPE: BundleShape = BundleShape { chunk: 32, capacity: 128, slots: 2 };
+
+/// First coordinate over tolerance, for a useful failure message.
+fn assert_close(stage: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{stage}: length");
+    let mut max = 0.0f32;
+    let mut first = None;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        max = max.max(d);
+        if d > tol && first.is_none() {
+            first = Some((i, *g, *w));
+        }
+    }
+    if let Some((i, g, w)) = first {
+        panic!("{stage}: first divergence at flat index {i}: got {g}, want {w}; max-abs-diff {max:e} > {tol:e}");
+    }
+}
+
+fn argmax(xs: &[f32]) -> u32 {
+    xs.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
+        as u32
+}
+
+/// Prefill then greedy decode in `slot`; returns (prompt logits, tokens, decode logits).
+fn run(dec: &mut Decoder, slot: usize, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+    let logits = dec.prefill_tokens(slot, prompt).expect("prefill");
+    let vocab = dec.config().vocab;
+    let mut next = argmax(&logits[logits.len() - vocab..]);
+    let (mut tokens, mut dlogits) = (vec![next], Vec::new());
+    for _ in 1..n {
+        let l = dec.decode(&[(slot, next)]).expect("decode").remove(0);
+        next = argmax(&l);
+        dlogits.extend_from_slice(&l);
+        tokens.push(next);
+    }
+    (logits, tokens, dlogits)
+}
+
+fn check_parity(name: &str) {
+    let mut dec = load(name, SHAPE);
+    for variant in ["short", "long"] {
+        let g = golden(name, variant);
+        let (logits, tokens, dlogits) = run(&mut dec, 0, &g.input_ids, g.greedy.len());
+        assert_close(&format!("{name}/{variant} logits"), &logits, &g.logits, 1e-4);
+        assert_eq!(tokens, g.greedy, "{name}/{variant}: greedy tokens");
+        let vocab = dec.config().vocab;
+        // decode_logits row i is the distribution that chose token i + 1.
+        assert_close(
+            &format!("{name}/{variant} decode logits"),
+            &dlogits,
+            &g.decode_logits[vocab..vocab * g.greedy.len()],
+            1e-4,
+        );
+        dec.release(0).expect("release");
+    }
+}
+
+#[test]
+fn qwen2_matches_transformers() {
+    check_parity("qwen2");
+}
+
+#[test]
+fn llama_matches_transformers() {
+    check_parity("llama");
+}
+
+#[test]
+fn qwen3_matches_transformers() {
+    check_parity("qwen3");
+}
+
+#[test]
+fn two_slots_decode_together_as_each_alone() {
+    let mut dec = load("qwen2", SHAPE);
+    let (a, b) = (golden("qwen2", "short"), golden("qwen2", "long"));
+    let vocab = dec.config().vocab;
+    let la = dec.prefill_tokens(0, &a.input_ids).expect("prefill a");
+    let lb = dec.prefill_tokens(1, &b.input_ids).expect("prefill b");
+    let (mut na, mut nb) = (argmax(&la[la.len() - vocab..]), argmax(&lb[lb.len() - vocab..]));
+    let (mut ta, mut tb) = (vec![na], vec![nb]);
+    for _ in 1..a.greedy.len() {
+        let out = dec.decode(&[(0, na), (1, nb)]).expect("decode");
+        na = argmax(&out[0]);
+        nb = argmax(&out[1]);
+        ta.push(na);
+        tb.push(nb);
+    }
+    assert_eq!(ta, a.greedy, "slot 0 beside slot 1");
+    assert_eq!(tb, b.greedy, "slot 1 beside slot 0");
+
+    // A reused slot gives what a fresh one gives.
+    dec.release(1).expect("release");
+    let (_, again, _) = run(&mut dec, 1, &a.input_ids, a.greedy.len());
+    assert_eq!(again, a.greedy, "reused slot");
+}
+
+#[test]
+fn bad_requests_get_their_own_errors_and_change_nothing() {
+    let mut dec = load("qwen2", SHAPE);
+    let g = golden("qwen2", "short");
+    dec.prefill_tokens(0, &g.input_ids).expect("prefill");
+    let before = dec.len(0);
+    let cases: Vec<(Result<_, DecoderError>, &str)> = vec![
+        (dec.prefill_tokens(2, &[1]).map(drop), "SlotOutOfRange"),
+        (dec.prefill_tokens(1, &[]).map(drop), "EmptyPrompt"),
+        (dec.prefill_tokens(1, &[100_000]).map(drop), "TokenOutOfRange"),
+        (dec.prefill_tokens(1, &vec![1; SHAPE.capacity + 1]).map(drop), "CapacityExceeded"),
+        (dec.decode(&[(5, 1)]).map(drop), "SlotOutOfRange"),
+        (dec.decode(&[(0, 9999)]).map(drop), "TokenOutOfRange"),
+    ];
+    for (result, want) in cases {
+        let err = result.expect_err(want);
+        assert!(format!("{err:?}").starts_with(want), "want {want}, got {err:?}");
+    }
+    assert_eq!(dec.len(0), before, "a refused request leaves the other slot alone");
+}

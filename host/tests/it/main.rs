@@ -1,0 +1,3 @@
+//! Host integration tests against the oracle's goldens (tests/fixtures).
+
+mod decoder;
