@@ -8,7 +8,12 @@
 # Prints nothing on the fast path. tools/run.sh and tools/test.sh source it
 # (it exports PATH and MLXCEL_VENV); the caller's shell options are restored
 # at the end, and a failure exits the caller with a clear message.
-_mlxcel_saved_opts="$(set +o)"
+# (Read directly, not through $(set +o): a command substitution does not
+# inherit errexit, so it would report it off.)
+_mlxcel_restore=""
+case "$-" in *e*) ;; *) _mlxcel_restore+="set +e;" ;; esac
+case "$-" in *u*) ;; *) _mlxcel_restore+="set +u;" ;; esac
+shopt -qo pipefail || _mlxcel_restore+="set +o pipefail;"
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -99,5 +104,5 @@ fi
 # What the caller needs: cmake >= 3.26 on PATH for eerie-sys's build script.
 export PATH="$venv/bin:$PATH"
 export MLXCEL_VENV="$venv"
-eval "$_mlxcel_saved_opts"
-unset _mlxcel_saved_opts
+eval "$_mlxcel_restore"
+unset _mlxcel_restore

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use mlxcel_emit::{Elem, NumericContract};
 use mlxcel_shim::{
-    Arg, CacheOutcome, Checkpoint, CompileCache, CompileRequest, Compiler, Device, HostTensor, Parameters, Session,
-    Target,
+    Arg, CacheOutcome, Checkpoint, CompileCache, CompileRequest, Compiler, DType, Device, HostTensor, Parameters,
+    Session, Target,
 };
 
 use super::{
@@ -46,6 +46,8 @@ pub enum DecoderError {
     SlotOutOfRange { slot: usize, slots: usize },
     #[error("{used} cache rows plus {adding} new tokens exceed the context capacity of {capacity}")]
     CapacityExceeded { used: usize, adding: usize, capacity: usize },
+    #[error("invalid prefill embeddings: {0}")]
+    Embeddings(String),
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("token id {token} is outside the vocabulary of {vocab}")]
@@ -152,35 +154,102 @@ impl Decoder {
     /// Prefills `slot` from scratch with `tokens`, in chunks, and returns the
     /// logits of every prompt position (`[n, vocab]`, row-major f32).
     pub fn prefill_tokens(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<f32>, DecoderError> {
-        self.check_slot(slot)?;
         self.check_tokens(tokens)?;
-        let BundleShape { chunk, capacity, .. } = self.options.shape;
-        if tokens.is_empty() {
-            return Err(DecoderError::EmptyPrompt);
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.prefill(slot, Prefill::Tokens(&ids))
+    }
+
+    /// Prefills `slot` from prepared embeddings `[n, hidden]` in the bundle's
+    /// activation dtype (for example text embeddings with image features
+    /// merged in), at positions `0..n`. Returns the logits of every row.
+    pub fn prefill_embeddings(&mut self, slot: usize, embeddings: &HostTensor) -> Result<Vec<f32>, DecoderError> {
+        let want = self.options.contract.activations;
+        let (h, shape) = (self.config.hidden, embeddings.shape());
+        if Some(embeddings.dtype()) != runtime_dtype(want) {
+            return Err(DecoderError::Embeddings(format!("dtype is {}, the bundle takes {want}", embeddings.dtype())));
         }
-        if tokens.len() > capacity {
-            return Err(DecoderError::CapacityExceeded { used: 0, adding: tokens.len(), capacity });
+        if shape.len() != 2 || shape[1] != h {
+            return Err(DecoderError::Embeddings(format!("shape is {shape:?}, the bundle takes [n, {h}]")));
         }
-        let vocab = self.config.vocab;
-        let mut logits = Vec::with_capacity(tokens.len() * vocab);
-        self.lens[slot] = 0;
-        for (c, part) in tokens.chunks(chunk).enumerate() {
-            let start = c * chunk;
+        self.prefill(slot, Prefill::Embeddings(embeddings))
+    }
+
+    /// Embeds tokens with the checkpoint's embedding table: `[n, hidden]`.
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<HostTensor, DecoderError> {
+        self.check_tokens(tokens)?;
+        let (chunk, h) = (self.options.shape.chunk, self.config.hidden);
+        let mut bytes = Vec::new();
+        let mut dtype = None;
+        for part in tokens.chunks(chunk) {
             let mut ids: Vec<i32> = part.iter().map(|&t| t as i32).collect();
             ids.resize(chunk, 0);
+            let ids = HostTensor::from_slice(vec![chunk], &ids)?;
+            let out = self.session.call("decoder.embed", &[Arg::from(&ids)])?.remove(0).to_host()?;
+            let row = out.bytes().len() / chunk;
+            bytes.extend_from_slice(&out.bytes()[..part.len() * row]);
+            dtype = Some(out.dtype());
+        }
+        let dtype = dtype.ok_or(DecoderError::EmptyPrompt)?;
+        Ok(HostTensor::from_bytes(dtype, vec![tokens.len(), h], bytes)?)
+    }
+
+    /// One slot's cache rows in use, `[L, 2, len, KVH, D]` flattened (f32).
+    pub fn kv_slot(&mut self, slot: usize) -> Result<Vec<f32>, DecoderError> {
+        self.check_slot(slot)?;
+        let s = HostTensor::scalar(slot as i32);
+        let all: Vec<f32> = self.session.call("decoder.kv_slot", &[Arg::from(&s)])?.remove(0).to_host()?.to_vec()?;
+        let (cap, len) = (self.options.shape.capacity, self.lens[slot]);
+        let row = self.config.kv_heads * self.config.head_dim;
+        Ok(all.chunks_exact(cap * row).flat_map(|block| block[..len * row].iter().copied()).collect())
+    }
+
+    fn prefill(&mut self, slot: usize, input: Prefill<'_>) -> Result<Vec<f32>, DecoderError> {
+        self.check_slot(slot)?;
+        let BundleShape { chunk, capacity, .. } = self.options.shape;
+        let n = match input {
+            Prefill::Tokens(ids) => ids.len(),
+            Prefill::Embeddings(x) => x.shape()[0],
+        };
+        if n == 0 {
+            return Err(DecoderError::EmptyPrompt);
+        }
+        if n > capacity {
+            return Err(DecoderError::CapacityExceeded { used: 0, adding: n, capacity });
+        }
+        let vocab = self.config.vocab;
+        let mut logits = Vec::with_capacity(n * vocab);
+        self.lens[slot] = 0;
+        for start in (0..n).step_by(chunk) {
+            let real = chunk.min(n - start);
+            let first = match input {
+                Prefill::Tokens(ids) => {
+                    let mut part = ids[start..start + real].to_vec();
+                    part.resize(chunk, 0);
+                    HostTensor::from_slice(vec![chunk], &part)?
+                }
+                Prefill::Embeddings(x) => {
+                    let row = x.bytes().len() / n;
+                    let mut part = x.bytes()[start * row..(start + real) * row].to_vec();
+                    part.resize(chunk * row, 0);
+                    HostTensor::from_bytes(x.dtype(), vec![chunk, self.config.hidden], part)?
+                }
+            };
             let pos: Vec<i32> = (start..start + chunk).map(|p| p as i32).collect();
-            let mask = causal_mask(start, chunk, capacity);
             let args = [
-                HostTensor::from_slice(vec![chunk], &ids)?,
+                first,
                 HostTensor::from_slice(vec![chunk], &pos)?,
-                HostTensor::from_slice(vec![chunk, capacity], &mask)?,
+                HostTensor::from_slice(vec![chunk, capacity], &causal_mask(start, chunk, capacity))?,
                 HostTensor::scalar(slot as i32),
                 HostTensor::scalar(start as i32),
             ];
-            let out = self.session.call("decoder.prefill_tokens", &args.iter().map(Arg::from).collect::<Vec<_>>())?;
+            let function = match input {
+                Prefill::Tokens(_) => "decoder.prefill_tokens",
+                Prefill::Embeddings(_) => "decoder.prefill_embeddings",
+            };
+            let out = self.session.call(function, &args.iter().map(Arg::from).collect::<Vec<_>>())?;
             let rows: Vec<f32> = out[0].to_host()?.to_vec()?;
-            logits.extend_from_slice(&rows[..part.len() * vocab]);
-            self.lens[slot] = start + part.len();
+            logits.extend_from_slice(&rows[..real * vocab]);
+            self.lens[slot] = start + real;
         }
         Ok(logits)
     }
@@ -229,6 +298,25 @@ impl Decoder {
         }
         Ok(result)
     }
+}
+
+/// The runtime's name for an emitted element type.
+fn runtime_dtype(e: Elem) -> Option<DType> {
+    Some(match e {
+        Elem::F32 => DType::F32,
+        Elem::BF16 => DType::BF16,
+        Elem::F16 => DType::F16,
+        Elem::I64 => DType::I64,
+        Elem::I32 => DType::I32,
+        Elem::I1 => DType::Bool,
+    })
+}
+
+/// What a prefill starts from.
+#[derive(Clone, Copy)]
+enum Prefill<'a> {
+    Tokens(&'a [i32]),
+    Embeddings(&'a HostTensor),
 }
 
 /// Additive causal mask for a chunk starting at `start`: row i sees cache

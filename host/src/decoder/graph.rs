@@ -5,6 +5,7 @@
 //! - `prefill_embeddings(x[T, H], pos[T], mask[T, C], slot, start) -> logits[T, V]`
 //! - `prefill_tokens(tokens[T], pos[T], mask[T, C], slot, start) -> logits[T, V]`
 //! - `decode(tokens[S], pos[S], write[S], mask[S, C]) -> logits[S, V]`
+//! - `kv_slot(slot) -> [L, 2, C, KVH, D]` (tests and diagnostics)
 //!
 //! `T` is the prefill chunk, `C` the context capacity, `S` the slot count.
 //! The cache is one global `[L, 2, S, C, KVH, D]` (packed: IREE 3.13 fuses
@@ -127,6 +128,15 @@ pub fn emit(
     let x = f.reshape(&x, &[1, t, h]);
     let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()]);
     m.add_func(f, &[logits]);
+
+    // kv_slot: one slot's cache [L, 2, C, KVH, D], for tests and diagnostics.
+    let (mut f, a) = m.func("kv_slot", &[Type::scalar(Elem::I32)]);
+    let all = f.load(&e.cache);
+    let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
+    let at = [zero.clone(), zero.clone(), a[0].clone(), zero.clone(), zero.clone(), zero];
+    let one = f.dynamic_slice(&all, &at, &[cfg.layers, 2, 1, cap, cfg.kv_heads, d]);
+    let one = f.reshape(&one, &[cfg.layers, 2, cap, cfg.kv_heads, d]);
+    m.add_func(f, &[one]);
 
     // decode: row b is slot b, one token each.
     let (mut f, a) = m.func("decode", &[i32s(s), i32s(s), i32s(s), mask(s)]);

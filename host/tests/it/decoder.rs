@@ -165,3 +165,27 @@ fn bad_requests_get_their_own_errors_and_change_nothing() {
     }
     assert_eq!(dec.len(0), before, "a refused request leaves the other slot alone");
 }
+
+/// Seeding a slot from embeddings is the same computation as from tokens:
+/// the logits and every layer's K and V agree exactly.
+#[test]
+fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
+    let mut dec = load("qwen3", SHAPE);
+    let g = golden("qwen3", "long");
+    let from_tokens = dec.prefill_tokens(0, &g.input_ids).expect("prefill tokens");
+    let x = dec.embed(&g.input_ids).expect("embed");
+    assert_eq!(x.shape(), &[g.input_ids.len(), dec.config().hidden]);
+    let from_embeddings = dec.prefill_embeddings(1, &x).expect("prefill embeddings");
+    assert_eq!(from_tokens, from_embeddings, "logits");
+    assert_eq!(dec.len(0), dec.len(1));
+    let (k0, k1) = (dec.kv_slot(0).expect("kv 0"), dec.kv_slot(1).expect("kv 1"));
+    assert_eq!(k0.len(), 2 * 2 * g.input_ids.len() * 2 * 32, "layers x (k, v) x rows x kv heads x head dim");
+    assert_eq!(k0, k1, "every layer's K and V");
+    assert!(k0.iter().any(|&v| v != 0.0), "the cache was written");
+
+    // Wrong dtype or hidden size is refused before any native call.
+    let ints = mlxcel_shim::HostTensor::from_slice(vec![2, 64], &[0i32; 128]).expect("tensor");
+    assert!(matches!(dec.prefill_embeddings(1, &ints), Err(DecoderError::Embeddings(_))));
+    let narrow = mlxcel_shim::HostTensor::from_slice(vec![2, 63], &[0f32; 126]).expect("tensor");
+    assert!(matches!(dec.prefill_embeddings(1, &narrow), Err(DecoderError::Embeddings(_))));
+}
