@@ -212,6 +212,40 @@ def load_image(fixture: Path, rel: str) -> Image.Image:
         return im.convert("RGB")
 
 
+AUDIO_RATE = 16000
+
+
+def synthetic_audio(seconds: float, low_hz: float = 200.0, high_hz: float = 2000.0) -> np.ndarray:
+    """A deterministic chirp plus a faint tone, as int16 samples at AUDIO_RATE (what a WAV file stores)."""
+    t = np.arange(int(seconds * AUDIO_RATE)) / AUDIO_RATE
+    sweep = np.sin(2 * np.pi * (low_hz + (high_hz - low_hz) / (2 * seconds) * t) * t)
+    wave = 0.5 * sweep + 0.05 * np.sin(2 * np.pi * 3000 * t)
+    return np.round(wave * 32767).astype(np.int16)
+
+
+def save_audio(samples: np.ndarray, fixture: Path, name: str) -> str:
+    import wave
+
+    rel = f"inputs/{name}.wav"
+    (fixture / "inputs").mkdir(parents=True, exist_ok=True)
+    with wave.open(str(fixture / rel), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(AUDIO_RATE)
+        w.writeframes(samples.astype("<i2").tobytes())
+    return rel
+
+
+def load_audio(fixture: Path, rel: str) -> np.ndarray:
+    """Mono 16-bit WAV -> float32 in [-1, 1) (samples / 32768), the form the feature extractor receives."""
+    import wave
+
+    with wave.open(str(fixture / rel), "rb") as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, AUDIO_RATE), rel
+        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    return data.astype(np.float32) / 32768.0
+
+
 # ----------------------------------------------------------------------------------------------------------
 # running the reference
 
@@ -544,18 +578,18 @@ def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, c
 
 @dataclass
 class Variant:
-    """One prompt of a VLM fixture: a single user turn whose content mixes text and images (by name)."""
+    """One prompt of a multimodal fixture: a single user turn mixing text and media items by name."""
 
     name: str
     description: str
-    content: list[str | tuple[str, str]]  # text pieces and ("image", image_name)
+    content: list[str | tuple[str, str]]  # text pieces and (kind, media name), kind "image" or "audio"
 
     def messages(self) -> list[dict[str, Any]]:
-        parts = [{"type": "image"} if isinstance(c, tuple) else {"type": "text", "text": c} for c in self.content]
+        parts = [{"type": c[0]} if isinstance(c, tuple) else {"type": "text", "text": c} for c in self.content]
         return [{"role": "user", "content": parts}]
 
-    def images(self) -> list[str]:
-        return [c[1] for c in self.content if isinstance(c, tuple)]
+    def media(self, kind: str) -> list[str]:
+        return [c[1] for c in self.content if isinstance(c, tuple) and c[0] == kind]
 
 
 def standard_variants(square: str, other: str) -> list[Variant]:
@@ -592,7 +626,7 @@ def vlm_fixture(
     script: str,
     model,
     processor,
-    images: dict[str, Image.Image],
+    media: dict[str, Image.Image | np.ndarray],
     variants: list[Variant],
     *,
     check: bool,
@@ -603,9 +637,10 @@ def vlm_fixture(
     post_save: Callable[[Path], None] | None = None,
     notes: list[str] | None = None,
 ) -> None:
-    """Build, save, reload and record a VLM fixture.
+    """Build, save, reload and record a multimodal fixture.
 
-    encoder(model, inputs): the encoder/projector stages for inputs that carry images.
+    media: images (PIL, saved as PNG) and audio clips (int16 arrays, saved as 16 kHz WAV) by name.
+    encoder(model, inputs): the encoder/projector stages for inputs that carry media.
     prepare(inputs): adjust the processor's output before the model sees it (kept in the goldens as given).
     extra(model, inputs, golden): add family-specific tensors or metadata after the reference run.
     post_save(dir): fix a known save bug in the written checkpoint (documented in provenance notes)."""
@@ -616,7 +651,10 @@ def vlm_fixture(
     out = stage_dir(fixture, check)
     model.save_pretrained(out)
     processor.save_pretrained(out)
-    image_files = {k: save_image(img, out, k) for k, img in sorted(images.items())}
+    files = {
+        k: save_image(m, out, k) if isinstance(m, Image.Image) else save_audio(m, out, k)
+        for k, m in sorted(media.items())
+    }
     if post_save is not None:
         post_save(out)
     if check:
@@ -631,23 +669,30 @@ def vlm_fixture(
     for v in variants:
         messages = v.messages()
         prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        imgs = [load_image(fixture, image_files[i]) for i in v.images()]
-        inputs = dict(processor(text=[prompt], images=imgs or None, return_tensors="pt"))
+        imgs = [load_image(fixture, files[i]) for i in v.media("image")]
+        clips = [load_audio(fixture, files[a]) for a in v.media("audio")]
+        kwargs = {"images": imgs} if imgs else {}
+        if clips:
+            kwargs["audio"] = clips
+        inputs = dict(processor(text=[prompt], return_tensors="pt", **kwargs))
         proc_keys = tuple(k for k in sorted(inputs) if k not in ("input_ids", "attention_mask"))
         run_inputs = prepare(inputs) if prepare else inputs
         g = reference_goldens(
             model, text_model, run_inputs, layer_types=layer_types,
-            encoder=(lambda x: encoder(model, x)) if (encoder and imgs) else None,
+            encoder=(lambda x: encoder(model, x)) if (encoder and (imgs or clips)) else None,
             processor_keys=proc_keys, position_rows=position_rows,
         )
         for k in proc_keys:  # what the processor produced, before any `prepare`
             g.put(k, inputs[k][0] if k.endswith("type_ids") else inputs[k])
-        g.meta.update(
-            messages=messages, prompt=prompt, images=[image_files[i] for i in v.images()],
-            image_sizes=[list(images[i].size) for i in v.images()], image_backend=backend,
-            processor_outputs=list(proc_keys),
-        )
+        g.meta.update(messages=messages, prompt=prompt, processor_outputs=list(proc_keys))
+        if imgs:
+            g.meta.update(images=[files[i] for i in v.media("image")], image_backend=backend,
+                          image_sizes=[list(media[i].size) for i in v.media("image")])
+        if clips:
+            g.meta.update(audio=[files[a] for a in v.media("audio")], audio_rate=AUDIO_RATE,
+                          audio_samples=[len(c) for c in clips])
         if imgs and backend == "pil" and "pixel_values" in inputs:
+            # How far the default (torchvision) backend is from the PIL one these goldens use.
             from transformers import AutoProcessor
 
             tv = AutoProcessor.from_pretrained(fixture)(text=[prompt], images=imgs, return_tensors="pt")
