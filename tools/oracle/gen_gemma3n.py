@@ -52,7 +52,8 @@ def variants() -> list[common.Variant]:
         common.Variant("audio", "one 1 s clip", [("audio", "chirp"), "Transcribe this audio."]),
         common.Variant("two_audios", "two clips of different lengths (1 s, 0.6 s) in one prompt",
                        [("audio", "chirp"), ("audio", "short_chirp"), "Compare the two clips."]),
-        common.Variant("text_only", "a text-only prompt to the multimodal checkpoint", [common.TEXT_PROMPT]),
+        # Not the shared TEXT_PROMPT: with it one greedy step has a top-1/top-2 gap of only 2e-4.
+        common.Variant("text_only", "a text-only prompt to the multimodal checkpoint", ["Say hello, please."]),
         common.Variant("long", f"text, a clip, more text: longer than one prefill chunk of {common.PREFILL_CHUNK}",
                        [common.LONG_HEAD, ("audio", "chirp"), common.LONG_TAIL]),
     ]
