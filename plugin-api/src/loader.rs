@@ -46,6 +46,13 @@ pub struct LoadedPlugin {
     module: Table,
 }
 
+// The host calls plugins from a worker pool: a loaded plugin must be shareable across threads.
+const _: fn() = || {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<LoadedPlugin>();
+    shareable::<PluginSet>();
+};
+
 impl fmt::Debug for LoadedPlugin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoadedPlugin")
