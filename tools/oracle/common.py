@@ -620,9 +620,11 @@ def load_processor(fixture: Path):
     try:
         # The video processors have no PIL backend, so swap only the image processor.
         processor.image_processor = AutoImageProcessor.from_pretrained(fixture, backend="pil")
-        return processor, "pil"
     except (ValueError, ImportError, KeyError):
-        return processor, "torchvision"
+        pass
+    # A class without a PIL variant (Molmo2) comes back as the torchvision one even when asked for "pil".
+    is_pil = type(processor.image_processor).__name__.endswith("Pil")
+    return processor, "pil" if is_pil else "torchvision"
 
 
 @torch.no_grad()
