@@ -715,3 +715,76 @@ def vlm_fixture(
         {v.name: v.description for v in variants}, check, notes=notes,
     )
     finish(fixture)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# mlx-vlm references (families transformers does not have)
+
+
+def randomize_mlx(model, seed: int = SEED + 1, vec_std: float = 0.1) -> None:
+    """`randomize` for an mlx module: matrices N(0, 1/fan_in), vectors default + N(0, vec_std), drawn with
+    numpy in sorted-name order so the weights do not depend on mlx's generator."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    rng = np.random.default_rng(seed)
+    new = []
+    for name, p in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
+        if p.ndim >= 2:
+            fan_in = int(np.prod(p.shape[1:]))
+            v = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(fan_in**0.5)
+        else:
+            v = np.array(p, dtype=np.float32) + rng.standard_normal(p.shape, dtype=np.float32) * np.float32(vec_std)
+        new.append((name, mx.array(v)))
+    model.update(tree_unflatten(new))
+    mx.eval(model.parameters())
+
+
+def mlx_reference_goldens(model, ids, embed: Callable, pixels, gen_kwargs: dict[str, Any]) -> Golden:
+    """Decoder stages of an mlx-vlm model for one prompt: inputs_embeds, positions, full logits, and greedy
+    decoding through the KV cache (prefill once, then a token at a time), cross-checked against mlx-vlm's
+    `generate_step` and against full recomputation. embed(ids) returns the merged input embeddings."""
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    lm = model.language_model
+    g = Golden()
+    n = ids.shape[1]
+    emb = embed(ids)
+    g.put("input_ids", torch.from_numpy(np.array(ids[0])))
+    g.put("inputs_embeds", torch.from_numpy(np.array(emb[0])))
+    g.put("position_ids", torch.arange(n))
+    g.put("logits", torch.from_numpy(np.array(lm(ids, inputs_embeds=emb).logits[0])))
+
+    cache = make_prompt_cache(lm)
+    step = lm(ids, inputs_embeds=emb, cache=cache).logits[0, -1]
+    tokens, steps = [], []
+    for _ in range(GREEDY_TOKENS):
+        mx.eval(step)
+        steps.append(np.array(step))
+        tokens.append(int(np.argmax(steps[-1])))
+        step = lm(mx.array([[tokens[-1]]]), cache=cache).logits[0, -1]
+
+    gen = generate_step(ids, model, pixels, None, temperature=0.0, max_tokens=GREEDY_TOKENS, **gen_kwargs)
+    ref = [int(tok) for (tok, _), _ in zip(gen, range(GREEDY_TOKENS))]
+    if ref != tokens:
+        raise RuntimeError(f"cached greedy {tokens} != mlx-vlm generate_step {ref}")
+    cur = ids
+    for tok in tokens:
+        nxt = int(np.argmax(np.array(lm(cur, inputs_embeds=embed(cur)).logits[0, -1])))
+        if nxt != tok:
+            raise RuntimeError(f"cached greedy {tokens} diverges from full recompute at {tok} vs {nxt}")
+        cur = mx.concatenate([cur, mx.array([[tok]], dtype=cur.dtype)], axis=1)
+
+    step_logits = torch.from_numpy(np.stack(steps))
+    top2 = step_logits.topk(2, dim=-1).values
+    margins = top2[:, 0] - top2[:, 1]
+    if float(margins.min()) < MIN_GREEDY_MARGIN:
+        raise RuntimeError(f"greedy margin {float(margins.min()):.2e} < {MIN_GREEDY_MARGIN}: pick another prompt")
+    g.put("greedy_tokens", torch.tensor(tokens))
+    g.put("decode_logits", step_logits)
+    g.put("greedy_margins", margins)
+    g.meta.update(n_prompt_tokens=n, input_ids=np.array(ids[0]).tolist(), greedy_tokens=tokens,
+                  min_greedy_margin=float(margins.min()), prefill_chunks=-(-n // PREFILL_CHUNK))
+    return g

@@ -16,13 +16,12 @@ the token embeddings at image_input_idx), inputs_embeds, position_ids, logits, 1
 the KV cache (make_prompt_cache), cross-checked against mlx-vlm's generate_step and full recomputation."""
 
 import json
-import shutil
 
 import common
 import mlx.core as mx
 import numpy as np
 import torch
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 from safetensors.numpy import save_file
 
 SPECIALS = ["<|endoftext|>", "<im_start>", "<im_end>", "<im_patch>", "<im_col>", "<|image|>"]
@@ -74,21 +73,6 @@ def variants() -> list[common.Variant]:
     ]
 
 
-def randomize(model, seed: int = common.SEED + 1, vec_std: float = 0.1) -> None:
-    """common.randomize for an mlx module: matrices N(0, 1/fan_in), vectors default + N(0, vec_std)."""
-    rng = np.random.default_rng(seed)
-    new = []
-    for name, p in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
-        if p.ndim >= 2:
-            fan_in = int(np.prod(p.shape[1:]))
-            v = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(fan_in**0.5)
-        else:
-            v = np.array(p, dtype=np.float32) + rng.standard_normal(p.shape, dtype=np.float32) * np.float32(vec_std)
-        new.append((name, mx.array(v)))
-    model.update(tree_unflatten(new))
-    mx.eval(model.parameters())
-
-
 def to_allenai(name: str) -> str:
     for ours, theirs in ALLENAI_PREFIXES:
         if name.startswith(ours):
@@ -104,7 +88,7 @@ def build(out) -> None:
     cfg = molmo.ModelConfig.from_dict(CONFIG)
     cfg = update_module_configs(cfg, molmo, json.loads(json.dumps(CONFIG)), ["text", "vision"])
     model = molmo.Model(cfg)
-    randomize(model)
+    common.randomize_mlx(model)
     weights = {to_allenai(k): np.array(v) for k, v in tree_flatten(model.parameters())}
     save_file(dict(sorted(weights.items())), str(out / "model.safetensors"), metadata={"format": "mlx"})
     (out / "config.json").write_bytes(common.json_bytes(CONFIG))
@@ -115,77 +99,27 @@ def build(out) -> None:
         common.save_image(common.synthetic_image(w, h, kind), out, name)
 
 
-def t(x) -> torch.Tensor:
-    return torch.from_numpy(np.array(x))
-
-
 def run_variant(model, processor, fixture, v: common.Variant) -> common.Golden:
-    from mlx_vlm.generate.ar import generate_step
-    from mlx_vlm.models.cache import make_prompt_cache
-
     messages = v.messages()
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     imgs = [common.load_image(fixture, f"inputs/{i}.png") for i in v.media("image")]
     inputs = processor(images=imgs or None, text=prompt)
-    ids = inputs["input_ids"]
     extra = {k: inputs[k] for k in ("image_input_idx", "image_masks") if k in inputs}
     pixels = inputs.get("pixel_values")
-    lm = model.language_model
 
     def embed(token_ids):
         return model.get_input_embeddings(token_ids, pixels, **extra).inputs_embeds
 
-    g = common.Golden()
-    g.put("input_ids", t(ids[0]))
+    g = common.mlx_reference_goldens(model, inputs["input_ids"], embed, pixels, extra)
     if pixels is not None:
-        g.put("pixel_values", t(pixels))
-        g.put("image_input_idx", t(extra["image_input_idx"]))
-        g.put("image_masks", t(extra["image_masks"]))
         feats, _ = model.vision_tower(pixels[None], extra["image_masks"][None])
-        g.put("image_features", t(feats[0]))
-    emb = embed(ids)
-    n = ids.shape[1]
-    g.put("inputs_embeds", t(emb[0]))
-    g.put("position_ids", torch.arange(n))
-    logits = lm(ids, inputs_embeds=emb).logits
-    g.put("logits", t(logits[0]))
-
-    # Greedy with the KV cache: prefill once, then one token at a time through the cache.
-    cache = make_prompt_cache(lm)
-    step = lm(ids, inputs_embeds=emb, cache=cache).logits[0, -1]
-    tokens, steps = [], []
-    for _ in range(common.GREEDY_TOKENS):
-        mx.eval(step)
-        steps.append(np.array(step))
-        tokens.append(int(np.argmax(steps[-1])))
-        step = lm(mx.array([[tokens[-1]]]), cache=cache).logits[0, -1]
-    # Cross-checks: mlx-vlm's own greedy generate, and greedy by full recomputation.
-    gen = generate_step(ids, model, pixels, None, temperature=0.0, max_tokens=common.GREEDY_TOKENS, **extra)
-    ref = [int(tok) for (tok, _), _ in zip(gen, range(common.GREEDY_TOKENS))]
-    cur = ids
-    for tok in tokens:
-        nxt = int(np.argmax(np.array(lm(cur, inputs_embeds=embed(cur)).logits[0, -1])))
-        if nxt != tok:
-            raise RuntimeError(f"cached greedy {tokens} diverges from full recompute at {tok} vs {nxt}")
-        cur = mx.concatenate([cur, mx.array([[tok]], dtype=cur.dtype)], axis=1)
-    if ref != tokens:
-        raise RuntimeError(f"cached greedy {tokens} != mlx-vlm generate_step {ref}")
-    step_logits = torch.from_numpy(np.stack(steps))
-    top2 = step_logits.topk(2, dim=-1).values
-    margins = top2[:, 0] - top2[:, 1]
-    if float(margins.min()) < common.MIN_GREEDY_MARGIN:
-        raise RuntimeError(f"greedy margin {float(margins.min()):.2e} too small: pick another prompt")
-    g.put("greedy_tokens", torch.tensor(tokens))
-    g.put("decode_logits", step_logits)
-    g.put("greedy_margins", margins)
-    g.meta.update(
-        n_prompt_tokens=n, input_ids=np.array(ids[0]).tolist(), greedy_tokens=tokens,
-        min_greedy_margin=float(margins.min()), prefill_chunks=-(-n // common.PREFILL_CHUNK),
-        messages=messages, prompt=prompt, processor_outputs=sorted(k for k in inputs if k != "input_ids"),
-    )
-    if imgs:
+        g.put("pixel_values", torch.from_numpy(np.array(pixels)))
+        g.put("image_input_idx", torch.from_numpy(np.array(extra["image_input_idx"])))
+        g.put("image_masks", torch.from_numpy(np.array(extra["image_masks"])))
+        g.put("image_features", torch.from_numpy(np.array(feats[0])))
         g.meta.update(images=[f"inputs/{i}.png" for i in v.media("image")],
                       image_sizes=[list(im.size) for im in imgs], image_backend="mlx-vlm MolmoImageProcessor (PIL)")
+    g.meta.update(messages=messages, prompt=prompt, processor_outputs=sorted(k for k in inputs if k != "input_ids"))
     return g
 
 
@@ -215,7 +149,6 @@ def main() -> None:
                "mlx-vlm's Molmo processor takes one image per prompt: no two-image variant"],
     )
     common.finish(fixture)
-    shutil.rmtree(fixture / "__pycache__", ignore_errors=True)
 
 
 if __name__ == "__main__":
