@@ -788,3 +788,27 @@ def mlx_reference_goldens(model, ids, embed: Callable, pixels, gen_kwargs: dict[
     g.meta.update(n_prompt_tokens=n, input_ids=np.array(ids[0]).tolist(), greedy_tokens=tokens,
                   min_greedy_margin=float(margins.min()), prefill_chunks=-(-n // PREFILL_CHUNK))
     return g
+
+
+def mlx_fixture(name: str, script: str, build: Callable[[Path], None], load_processor: Callable[[Path], Any],
+                run_variant: Callable[[Any, Any, Path, Variant], Golden], variants: list[Variant], *,
+                check: bool, reference: str, notes: list[str]) -> None:
+    """Build, save, reload (with mlx-vlm's load_model) and record a fixture whose reference is mlx-vlm.
+
+    build(dir) writes the checkpoint; run_variant(model, processor, fixture, variant) returns its goldens."""
+    from mlx_vlm.utils import load_model
+
+    setup_torch()
+    fixture = FIXTURES / name
+    print(f"{name}:", flush=True)
+    out = stage_dir(fixture, check)
+    build(out)
+    if check:
+        compare_checkpoint(out, fixture)
+    model = load_model(fixture)
+    processor = load_processor(fixture)
+    for v in variants:
+        write_golden(fixture, v.name, run_variant(model, processor, fixture, v), check)
+    write_provenance(fixture, script, reference, {v.name: v.description for v in variants}, check,
+                     extra_versions=("mlx", "mlx-cpu", "mlx-vlm"), notes=notes)
+    finish(fixture)

@@ -123,32 +123,21 @@ def run_variant(model, processor, fixture, v: common.Variant) -> common.Golden:
     return g
 
 
+def load_processor(fixture):
+    from mlx_vlm.models.molmo.processing_molmo import MolmoProcessor
+
+    return MolmoProcessor.from_pretrained(str(fixture))
+
+
 def main() -> None:
     args = common.parse_args(__doc__)
-    common.setup_torch()
-    fixture = common.FIXTURES / "molmo"
-    print("molmo:", flush=True)
-    out = common.stage_dir(fixture, args.check)
-    build(out)
-    if args.check:
-        common.compare_checkpoint(out, fixture)
-
-    from mlx_vlm.models.molmo.processing_molmo import MolmoProcessor
-    from mlx_vlm.utils import load_model
-
-    model = load_model(fixture)
-    processor = MolmoProcessor.from_pretrained(str(fixture))
-    vs = variants()
-    for v in vs:
-        common.write_golden(fixture, v.name, run_variant(model, processor, fixture, v), args.check)
-    common.write_provenance(
-        fixture, "gen_molmo.py", "mlx-vlm Molmo (models/molmo) on mlx-cpu, fp32; mlx-vlm MolmoProcessor",
-        {v.name: v.description for v in vs}, args.check, extra_versions=("mlx", "mlx-cpu", "mlx-vlm"),
+    common.mlx_fixture(
+        "molmo", "gen_molmo.py", build, load_processor, run_variant, variants(), check=args.check,
+        reference="mlx-vlm Molmo (models/molmo) on mlx-cpu, fp32; mlx-vlm MolmoProcessor",
         notes=["transformers has no Molmo v1; mlx-vlm is the reference and there is no second implementation",
                "weights use the original allenai names; config.json is mlx-vlm's nested form",
                "mlx-vlm's Molmo processor takes one image per prompt: no two-image variant"],
     )
-    common.finish(fixture)
 
 
 if __name__ == "__main__":

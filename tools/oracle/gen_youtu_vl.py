@@ -21,15 +21,15 @@ inputs_embeds, position_ids, logits, 16 greedy tokens decoded with the KV cache.
 import json
 
 import common
+import gen_qwen2_vl
 import mlx.core as mx
 import numpy as np
 import torch
 from mlx.utils import tree_flatten
 from safetensors.numpy import save_file
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-            "<|video_pad|>"]
-IDS = common.special_ids(SPECIALS)
+# Qwen-style ChatML specials and template, as in the Qwen-VL fixtures.
+SPECIALS, IDS, CHAT_TEMPLATE = gen_qwen2_vl.SPECIALS, gen_qwen2_vl.IDS, gen_qwen2_vl.CHAT_TEMPLATE
 PATCH, MERGE = 16, 2
 MIN_SIDE, MAX_SIDE = 64, 128
 
@@ -47,13 +47,6 @@ CONFIG = {
     "vision_start_token_id": IDS["<|vision_start|>"], "vision_end_token_id": IDS["<|vision_end|>"],
     "bos_token_id": IDS["<|endoftext|>"], "eos_token_id": [IDS["<|im_end|>"]], "pad_token_id": IDS["<|endoftext|>"],
 }
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-    "{%- if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 IMAGES = {"wide": (100, 60, 0), "tall": (50, 90, 1)}
 
 
@@ -145,33 +138,23 @@ def run_variant(model, tok, fixture, v: common.Variant) -> common.Golden:
     return g
 
 
+def load_tokenizer(fixture):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(fixture)
+
+
 def main() -> None:
     args = common.parse_args(__doc__)
-    common.setup_torch()
-    fixture = common.FIXTURES / "youtu_vl"
-    print("youtu_vl:", flush=True)
-    out = common.stage_dir(fixture, args.check)
-    build(out)
-    if args.check:
-        common.compare_checkpoint(out, fixture)
-
-    from transformers import AutoTokenizer
-    from mlx_vlm.utils import load_model
-
-    model = load_model(fixture)
-    tok = AutoTokenizer.from_pretrained(fixture)
-    vs = common.standard_variants("tall", "wide")
-    for v in vs:
-        common.write_golden(fixture, v.name, run_variant(model, tok, fixture, v), args.check)
-    common.write_provenance(
-        fixture, "gen_youtu_vl.py", "mlx-vlm YoutuVL (models/youtu_vl) on mlx-cpu, fp32; stand-in preprocessing",
-        {v.name: v.description for v in vs}, args.check, extra_versions=("mlx", "mlx-cpu", "mlx-vlm"),
+    common.mlx_fixture(
+        "youtu_vl", "gen_youtu_vl.py", build, load_tokenizer, run_variant, common.standard_variants("tall", "wide"),
+        check=args.check,
+        reference="mlx-vlm YoutuVL (models/youtu_vl) on mlx-cpu, fp32; stand-in preprocessing",
         notes=["transformers has no Youtu-VL; mlx-vlm is the reference and there is no second implementation",
                "pixel_values come from a stand-in preprocessing (no reference processor is available): "
                "the encoder and decoder goldens are exact for them, the preprocessing stage is not qualified",
                "kv_b_proj is stored fused, as in Hugging Face checkpoints; mlx-vlm splits it on load"],
     )
-    common.finish(fixture)
 
 
 if __name__ == "__main__":
