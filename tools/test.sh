@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite, in CI order: formatting, lints, then every test of
-# the workspace against the real IREE compiler and runtime. Installs what is
-# missing first (tools/dev/setup.sh).
+# The whole test suite, in CI order: formatting, lints, every test of the
+# workspace against the real IREE compiler and runtime, then the reference
+# oracle recomputing every committed golden. Installs what is missing first
+# (tools/dev/setup.sh; the oracle's venv, ~4.5 GB, goes to
+# ~/.cache/mlxcel/oracle-venv once per machine, about 3.5 minutes).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=tools/dev/setup.sh
@@ -19,3 +21,6 @@ cargo clippy --release --locked --workspace --all-targets -- -D warnings
 step "cargo test"
 # One profile everywhere: the IREE runtime is built once, in release mode.
 cargo test --release --locked --workspace
+step "oracle goldens reproduce (transformers / mlx-vlm)"
+# Writes nothing: every fixture is recomputed in memory and compared.
+bash tools/oracle/regen.sh --check
