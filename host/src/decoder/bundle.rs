@@ -203,6 +203,28 @@ impl Decoder {
         Ok(all.chunks_exact(cap * row).flat_map(|block| block[..len * row].iter().copied()).collect())
     }
 
+    /// The additive masks `[K, rows, C]`, one per attention kind in use:
+    /// row r is the query at cache position `queries[r]` and sees the rows
+    /// its layer kind allows (causal; within the window for sliding layers).
+    /// Padding and idle rows see like real ones; their outputs are unused.
+    fn masks(&self, queries: &[usize]) -> Result<HostTensor, DecoderError> {
+        let capacity = self.options.shape.capacity;
+        let kinds = self.config.kinds();
+        let rows = queries.len();
+        let mut mask = vec![f32::NEG_INFINITY; kinds.len() * rows * capacity];
+        for (k, &kind) in kinds.iter().enumerate() {
+            for (r, &q) in queries.iter().enumerate() {
+                let row = &mut mask[(k * rows + r) * capacity..(k * rows + r + 1) * capacity];
+                for (kv, m) in row.iter_mut().enumerate().take(q + 1) {
+                    if self.config.visible(kind, q, kv) {
+                        *m = 0.0;
+                    }
+                }
+            }
+        }
+        Ok(HostTensor::from_slice(vec![kinds.len(), rows, capacity], &mask)?)
+    }
+
     fn prefill(&mut self, slot: usize, input: Prefill<'_>) -> Result<Vec<f32>, DecoderError> {
         self.check_slot(slot)?;
         let BundleShape { chunk, capacity, .. } = self.options.shape;
@@ -238,7 +260,7 @@ impl Decoder {
             let args = [
                 first,
                 HostTensor::from_slice(vec![chunk], &pos)?,
-                HostTensor::from_slice(vec![chunk, capacity], &causal_mask(start, chunk, capacity))?,
+                self.masks(&(start..start + chunk).collect::<Vec<_>>())?,
                 HostTensor::scalar(slot as i32),
                 HostTensor::scalar(start as i32),
             ];
@@ -270,23 +292,21 @@ impl Decoder {
         let mut write = vec![0i32; slots];
         // Idle slots write a junk row at their current end, which the next
         // prefill or decode of that slot overwrites before it is visible.
-        let mut mask = vec![f32::NEG_INFINITY; slots * capacity];
         for s in 0..slots {
             let at = self.lens[s].min(capacity - 1);
             write[s] = at as i32;
             pos[s] = at as i32;
-            mask[s * capacity] = 0.0;
         }
         for &(slot, token) in steps {
-            let at = self.lens[slot];
             ids[slot] = token as i32;
-            mask[slot * capacity..slot * capacity + at + 1].fill(0.0);
         }
+        let queries: Vec<usize> = write.iter().map(|&w| w as usize).collect();
+        let mask = self.masks(&queries)?;
         let args = [
             HostTensor::from_slice(vec![slots], &ids)?,
             HostTensor::from_slice(vec![slots], &pos)?,
             HostTensor::from_slice(vec![slots], &write)?,
-            HostTensor::from_slice(vec![slots, capacity], &mask)?,
+            mask,
         ];
         let out = self.session.call("decoder.decode", &args.iter().map(Arg::from).collect::<Vec<_>>())?;
         let all: Vec<f32> = out[0].to_host()?.to_vec()?;
@@ -317,17 +337,6 @@ fn runtime_dtype(e: Elem) -> Option<DType> {
 enum Prefill<'a> {
     Tokens(&'a [i32]),
     Embeddings(&'a HostTensor),
-}
-
-/// Additive causal mask for a chunk starting at `start`: row i sees cache
-/// rows `0..=start + i`.
-fn causal_mask(start: usize, chunk: usize, capacity: usize) -> Vec<f32> {
-    let mut mask = vec![f32::NEG_INFINITY; chunk * capacity];
-    for i in 0..chunk {
-        let visible = (start + i + 1).min(capacity);
-        mask[i * capacity..i * capacity + visible].fill(0.0);
-    }
-    mask
 }
 
 /// The dtype the checkpoint stores weights in, which must be the

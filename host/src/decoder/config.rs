@@ -1,9 +1,14 @@
 //! The text decoder's view of a Hugging Face `config.json`: a serde mirror
-//! of the fields the graph needs, for the architectures the host runs.
+//! of the fields the graph needs, validated into [`TextConfig`], which says
+//! everything the graph varies on (norm order, activation, per-layer
+//! attention kind and rotary frequencies) so one graph serves every
+//! supported architecture.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
+
+pub use mlxcel_emit::RmsStyle;
 
 /// Decoder architectures, by HF `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +19,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: per-head RMSNorm on q and k before RoPE, no bias.
     Qwen3,
+    /// Gemma3 text: sliding and global layers with their own RoPE, q/k
+    /// norms, sandwich norms, `(1 + w)` RMSNorm, sqrt(hidden) embedding scale.
+    Gemma3Text,
 }
 
 impl Arch {
@@ -22,13 +30,67 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3Text => "gemma3_text",
         }
     }
 }
 
-/// `rope_parameters` (transformers 5) or the older top-level `rope_theta`.
+/// The attention a layer does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LayerKind {
+    /// Causal over the whole context.
+    Full,
+    /// Causal over the last `sliding_window` positions.
+    Sliding,
+}
+
+impl LayerKind {
+    fn parse(s: &str) -> Option<LayerKind> {
+        match s {
+            "full_attention" => Some(LayerKind::Full),
+            "sliding_attention" => Some(LayerKind::Sliding),
+            _ => None,
+        }
+    }
+
+    /// The HF name, for rope_parameters keys and mask names.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            LayerKind::Full => "full_attention",
+            LayerKind::Sliding => "sliding_attention",
+        }
+    }
+}
+
+/// The MLP's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// `gelu_pytorch_tanh`.
+    GeluTanh,
+}
+
+/// How rotary frequencies are derived from the base.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// `1 / theta ** (2i / d)`.
+    Default,
+    /// The default frequencies divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama 3.1's smoothed low/high frequency scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: f32 },
+}
+
+/// One rotary embedding: base and scaling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+}
+
+/// `rope_parameters` (transformers 5), flat or keyed by layer type.
 #[derive(Clone, Debug, Deserialize)]
-struct RopeParameters {
+struct RawRope {
     rope_theta: Option<f64>,
     rope_type: Option<String>,
     factor: Option<f64>,
@@ -37,13 +99,12 @@ struct RopeParameters {
     original_max_position_embeddings: Option<f64>,
 }
 
-/// How rotary frequencies are derived from `rope_theta`.
-#[derive(Clone, Debug, PartialEq)]
-pub enum RopeScaling {
-    /// `1 / theta ** (2i / d)`.
-    Default,
-    /// Llama 3.1's smoothed low/high frequency scaling.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: f32 },
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRopeParameters {
+    // First: a flat object also deserialises as `RawRope` (all optional).
+    PerLayerType(BTreeMap<String, RawRope>),
+    Flat(RawRope),
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -58,14 +119,22 @@ struct RawConfig {
     rms_norm_eps: f64,
     vocab_size: usize,
     #[serde(default)]
-    tie_word_embeddings: bool,
+    tie_word_embeddings: Option<bool>,
     #[serde(default)]
     attention_bias: bool,
     hidden_act: Option<String>,
+    hidden_activation: Option<String>,
     rope_theta: Option<f64>,
-    rope_parameters: Option<RopeParameters>,
+    rope_parameters: Option<RawRopeParameters>,
     #[serde(default)]
     use_sliding_window: bool,
+    sliding_window: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    use_bidirectional_attention: bool,
 }
 
 /// A decoder configuration, validated.
@@ -82,8 +151,21 @@ pub struct TextConfig {
     pub vocab: usize,
     pub tied_embeddings: bool,
     pub qkv_bias: bool,
-    pub rope_theta: f64,
-    pub rope_scaling: RopeScaling,
+    /// Per-head RMSNorm on q and k before RoPE.
+    pub qk_norm: bool,
+    /// Norms after attention and after the MLP as well as before (Gemma).
+    pub sandwich_norms: bool,
+    pub norm_style: RmsStyle,
+    pub activation: Activation,
+    /// Embeddings are multiplied by this (Gemma: sqrt(hidden), in f32).
+    pub embed_scale: Option<f32>,
+    /// Attention scores are multiplied by this.
+    pub attn_scale: f64,
+    /// Each layer's attention kind.
+    pub layer_kinds: Vec<LayerKind>,
+    pub sliding_window: Option<usize>,
+    /// The rotary embedding of each attention kind in use.
+    pub rope: BTreeMap<LayerKind, Rope>,
 }
 
 /// Why a config cannot be served.
@@ -97,8 +179,25 @@ pub enum ConfigError {
     },
     #[error("{path} is not a valid config: {reason}")]
     Invalid { path: String, reason: String },
-    #[error("model_type {0:?} has no text decoder here (supported: llama, qwen2, qwen3)")]
+    #[error("model_type {0:?} has no text decoder here (supported: llama, qwen2, qwen3, gemma3_text)")]
     Unsupported(String),
+}
+
+fn parse_rope(r: &RawRope, fallback_theta: Option<f64>) -> Result<Rope, String> {
+    let theta = r.rope_theta.or(fallback_theta).ok_or("no rope_theta")?;
+    let need = |v: Option<f64>, name: &str| v.map(|v| v as f32).ok_or(format!("rope_parameters lack {name}"));
+    let scaling = match r.rope_type.as_deref().unwrap_or("default") {
+        "default" => RopeScaling::Default,
+        "linear" => RopeScaling::Linear { factor: need(r.factor, "factor")? },
+        "llama3" => RopeScaling::Llama3 {
+            factor: need(r.factor, "factor")?,
+            low_freq_factor: need(r.low_freq_factor, "low_freq_factor")?,
+            high_freq_factor: need(r.high_freq_factor, "high_freq_factor")?,
+            original_context: need(r.original_max_position_embeddings, "original_max_position_embeddings")?,
+        },
+        other => return Err(format!("rope_type {other:?} is not implemented (default, linear, llama3)")),
+    };
+    Ok(Rope { theta, scaling })
 }
 
 impl TextConfig {
@@ -120,38 +219,69 @@ impl TextConfig {
             "llama" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
+            "gemma3_text" => Arch::Gemma3Text,
             other => return Err(ConfigError::Unsupported(other.to_owned())),
         };
-        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return Err(invalid(format!("hidden_act {act:?} (only silu is implemented for {})", arch.name())));
+        let gemma = arch == Arch::Gemma3Text;
+        let act_name = raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()).unwrap_or("silu");
+        let activation = match act_name {
+            "silu" => Activation::Silu,
+            "gelu_pytorch_tanh" => Activation::GeluTanh,
+            other => return Err(invalid(format!("activation {other:?} is not implemented (silu, gelu_pytorch_tanh)"))),
+        };
+        for (name, v) in [
+            ("attn_logit_softcapping", raw.attn_logit_softcapping),
+            ("final_logit_softcapping", raw.final_logit_softcapping),
+        ] {
+            if let Some(v) = v {
+                return Err(invalid(format!("{name} = {v} is not implemented")));
+            }
         }
-        if raw.use_sliding_window {
+        if raw.use_bidirectional_attention {
+            return Err(invalid("use_bidirectional_attention is not implemented".into()));
+        }
+        if raw.use_sliding_window && !gemma {
             return Err(invalid("use_sliding_window is not implemented for this decoder".into()));
         }
-        let rope_scaling = match raw.rope_parameters.as_ref() {
-            None => RopeScaling::Default,
-            Some(r) => match r.rope_type.as_deref().unwrap_or("default") {
-                "default" => RopeScaling::Default,
-                "llama3" => {
-                    let need = |v: Option<f64>, name: &str| {
-                        v.map(|v| v as f32).ok_or_else(|| invalid(format!("llama3 rope_parameters lack {name}")))
-                    };
-                    RopeScaling::Llama3 {
-                        factor: need(r.factor, "factor")?,
-                        low_freq_factor: need(r.low_freq_factor, "low_freq_factor")?,
-                        high_freq_factor: need(r.high_freq_factor, "high_freq_factor")?,
-                        original_context: need(r.original_max_position_embeddings, "original_max_position_embeddings")?,
-                    }
-                }
-                other => return Err(invalid(format!("rope_type {other:?} is not implemented (default, llama3)"))),
-            },
+        let layer_kinds = match &raw.layer_types {
+            Some(types) => types
+                .iter()
+                .map(|t| LayerKind::parse(t).ok_or_else(|| invalid(format!("layer type {t:?} is not implemented"))))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => vec![LayerKind::Full; raw.num_hidden_layers],
         };
-        let rope_theta = raw
-            .rope_parameters
-            .as_ref()
-            .and_then(|r| r.rope_theta)
-            .or(raw.rope_theta)
-            .ok_or_else(|| invalid("no rope_theta".into()))?;
+        if layer_kinds.len() != raw.num_hidden_layers {
+            return Err(invalid(format!("{} layer_types for {} layers", layer_kinds.len(), raw.num_hidden_layers)));
+        }
+        let sliding = layer_kinds.contains(&LayerKind::Sliding);
+        if sliding && !gemma {
+            return Err(invalid("sliding_attention layers are not implemented for this decoder".into()));
+        }
+        let sliding_window = if sliding {
+            Some(
+                raw.sliding_window
+                    .filter(|&w| w > 0)
+                    .ok_or_else(|| invalid("sliding layers need sliding_window".into()))?,
+            )
+        } else {
+            None
+        };
+        let mut rope = BTreeMap::new();
+        let kinds: std::collections::BTreeSet<LayerKind> = layer_kinds.iter().copied().collect();
+        for kind in kinds {
+            let r = match &raw.rope_parameters {
+                Some(RawRopeParameters::PerLayerType(map)) => map
+                    .get(kind.hf_name())
+                    .ok_or_else(|| invalid(format!("rope_parameters has no entry for {}", kind.hf_name())))
+                    .and_then(|r| parse_rope(r, raw.rope_theta).map_err(invalid))?,
+                Some(RawRopeParameters::Flat(r)) => parse_rope(r, raw.rope_theta).map_err(invalid)?,
+                None => Rope {
+                    theta: raw.rope_theta.ok_or_else(|| invalid("no rope_theta".into()))?,
+                    scaling: RopeScaling::Default,
+                },
+            };
+            rope.insert(kind, r);
+        }
         let heads = raw.num_attention_heads;
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
         if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
@@ -161,6 +291,11 @@ impl TextConfig {
         if !head_dim.is_multiple_of(2) {
             return Err(invalid(format!("head_dim {head_dim} is odd; rotary embedding needs pairs")));
         }
+        let attn_scale = match (gemma, raw.query_pre_attn_scalar) {
+            (true, Some(s)) => s.powf(-0.5),
+            (true, None) => return Err(invalid("gemma3_text needs query_pre_attn_scalar".into())),
+            (false, _) => (head_dim as f64).powf(-0.5),
+        };
         Ok(TextConfig {
             arch,
             hidden: raw.hidden_size,
@@ -171,21 +306,38 @@ impl TextConfig {
             head_dim,
             rms_eps: raw.rms_norm_eps,
             vocab: raw.vocab_size,
-            tied_embeddings: raw.tie_word_embeddings,
+            // Gemma ties by default; the others do not.
+            tied_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
             qkv_bias: arch == Arch::Qwen2 || raw.attention_bias,
-            rope_theta,
-            rope_scaling,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3Text),
+            sandwich_norms: gemma,
+            norm_style: if gemma { RmsStyle::OnePlus } else { RmsStyle::Plain },
+            activation,
+            // torch.tensor(hidden ** 0.5) is an f32 tensor.
+            embed_scale: gemma.then(|| (raw.hidden_size as f64).sqrt() as f32),
+            attn_scale,
+            layer_kinds,
+            sliding_window,
+            rope,
         })
     }
 
-    /// The rotary inverse frequencies exactly as transformers computes them:
-    /// in f32, operation by operation, python scalars rounded to f32.
-    pub fn inv_freq(&self) -> Vec<f32> {
+    /// The attention kinds in use, in mask order.
+    pub fn kinds(&self) -> Vec<LayerKind> {
+        self.rope.keys().copied().collect()
+    }
+
+    /// The rotary inverse frequencies of `kind` exactly as transformers
+    /// computes them: in f32, operation by operation, python scalars
+    /// rounded to f32.
+    pub fn inv_freq(&self, kind: LayerKind) -> Vec<f32> {
+        let Some(rope) = self.rope.get(&kind) else { return Vec::new() };
         let d = self.head_dim as f32;
-        let base = self.rope_theta as f32;
+        let base = rope.theta as f32;
         let plain = (0..self.head_dim / 2).map(|i| 1.0f32 / base.powf((2 * i) as f32 / d));
-        match self.rope_scaling {
+        match rope.scaling {
             RopeScaling::Default => plain.collect(),
+            RopeScaling::Linear { factor } => plain.map(|inv| inv / factor).collect(),
             RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context: old } => {
                 plain
                     .map(|inv| {
@@ -201,5 +353,14 @@ impl TextConfig {
                     .collect()
             }
         }
+    }
+
+    /// Whether position `kv` is visible from position `q` in a `kind` layer.
+    pub fn visible(&self, kind: LayerKind, q: usize, kv: usize) -> bool {
+        kv <= q
+            && match (kind, self.sliding_window) {
+                (LayerKind::Sliding, Some(w)) => q - kv < w,
+                _ => true,
+            }
     }
 }

@@ -2,19 +2,20 @@
 //! packed, device-resident KV cache.
 //!
 //! - `embed(tokens[T]) -> [T, H]`
-//! - `prefill_embeddings(x[T, H], pos[T], mask[T, C], slot, start) -> logits[T, V]`
-//! - `prefill_tokens(tokens[T], pos[T], mask[T, C], slot, start) -> logits[T, V]`
-//! - `decode(tokens[S], pos[S], write[S], mask[S, C]) -> logits[S, V]`
+//! - `prefill_embeddings(x[T, H], pos[T], mask[K, T, C], slot, start) -> logits[T, V]`
+//! - `prefill_tokens(tokens[T], pos[T], mask[K, T, C], slot, start) -> logits[T, V]`
+//! - `decode(tokens[S], pos[S], write[S], mask[K, S, C]) -> logits[S, V]`
 //! - `kv_slot(slot) -> [L, 2, C, KVH, D]` (tests and diagnostics)
 //!
-//! `T` is the prefill chunk, `C` the context capacity, `S` the slot count.
+//! `T` is the prefill chunk, `C` the context capacity, `S` the slot count,
+//! `K` the number of attention kinds in use (full, sliding: one mask each).
 //! The cache is one global `[L, 2, S, C, KVH, D]` (packed: IREE 3.13 fuses
 //! separately declared DUS-only globals). Masks are additive and built by the
 //! host, so causal, padded and family-specific masks all take one path.
 
-use mlxcel_emit::{Elem, EmitError, Func, Global, Module, NumericContract, RmsStyle, Type, Value};
+use mlxcel_emit::{Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
 
-use super::config::{Arch, TextConfig};
+use super::config::{Activation, LayerKind, TextConfig};
 
 /// The fixed shapes a bundle is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,7 +35,12 @@ struct Layer {
     qkv_bias: Option<[Global; 3]>,
     qk_norm: Option<[Global; 2]>,
     o: Global,
+    /// Gemma's norm on the attention output, before the residual add.
+    post_attn: Option<Global>,
+    /// The norm before the MLP.
     ln2: Global,
+    /// Gemma's norm on the MLP output, before the residual add.
+    post_mlp: Option<Global>,
     gate: Global,
     up: Global,
     down: Global,
@@ -89,11 +95,17 @@ pub fn emit(
                     p(&mut m, n("self_attn.v_proj.bias"), &[cfg.kv_heads * d]),
                 ]
             }),
-            qk_norm: (cfg.arch == Arch::Qwen3).then(|| {
+            qk_norm: cfg.qk_norm.then(|| {
                 [p(&mut m, n("self_attn.q_norm.weight"), &[d]), p(&mut m, n("self_attn.k_norm.weight"), &[d])]
             }),
             o: p(&mut m, n("self_attn.o_proj.weight"), &[h, cfg.heads * d]),
-            ln2: p(&mut m, n("post_attention_layernorm.weight"), &[h]),
+            post_attn: cfg.sandwich_norms.then(|| p(&mut m, n("post_attention_layernorm.weight"), &[h])),
+            ln2: if cfg.sandwich_norms {
+                p(&mut m, n("pre_feedforward_layernorm.weight"), &[h])
+            } else {
+                p(&mut m, n("post_attention_layernorm.weight"), &[h])
+            },
+            post_mlp: cfg.sandwich_norms.then(|| p(&mut m, n("post_feedforward_layernorm.weight"), &[h])),
             gate: p(&mut m, n("mlp.gate_proj.weight"), &[cfg.intermediate, h]),
             up: p(&mut m, n("mlp.up_proj.weight"), &[cfg.intermediate, h]),
             down: p(&mut m, n("mlp.down_proj.weight"), &[h, cfg.intermediate]),
@@ -108,7 +120,8 @@ pub fn emit(
     let (t, cap, s) = (shape.chunk, shape.capacity, shape.slots);
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
     let scalar = Type::scalar(Elem::I32);
-    let mask = |n: usize| Type::new(Elem::F32, &[n, cap]);
+    let kinds = cfg.kinds().len();
+    let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, cap]);
 
     // embed
     let (mut f, a) = m.func("embed", &[i32s(t)]);
@@ -158,26 +171,46 @@ impl Emitter<'_> {
     fn embed(&self, f: &mut Func, tokens: &Value) -> Value {
         let table = f.load(&self.w.embed);
         let rows = f.gather_rows(&table, tokens);
-        f.convert(&rows, self.c.activations)
+        let rows = f.convert(&rows, self.c.activations);
+        match self.cfg.embed_scale {
+            // torch multiplies by the f32 scale cast to the weight dtype.
+            Some(scale) => {
+                let k = f.constant_f32(&[], &[scale]);
+                let k = f.convert(&k, self.c.activations);
+                let kb = f.broadcast(&k, rows.shape(), &[]);
+                f.mul(&rows, &kb)
+            }
+            None => rows,
+        }
     }
 
     /// Runs the layers on `x [B, T, H]` and returns f32 logits `[B*T, V]`
     /// (`[T, V]` for prefill, `[S, V]` for decode). `pos` is `[B*T]`,
-    /// `mask` `[B*T, C]`; `writes` holds each row group's first cache row.
-    fn forward(&self, f: &mut Func, x: &Value, pos: &Value, mask: &Value, slots: Slots, writes: &[Value]) -> Value {
+    /// `masks` `[K, B*T, C]`; `writes` holds each row group's first cache row.
+    fn forward(&self, f: &mut Func, x: &Value, pos: &Value, masks: &Value, slots: Slots, writes: &[Value]) -> Value {
         let (b, t, h) = (x.shape()[0], x.shape()[1], self.cfg.hidden);
-        let (cos, sin) = self.rope_tables(f, pos, b, t);
-        let mask = f.reshape(mask, &[b, t, self.shape.capacity]);
+        let cap = self.shape.capacity;
+        // Per attention kind: its rotary tables and its mask [B, T, C].
+        let mut per_kind: Vec<(LayerKind, Value, Value, Value)> = Vec::new();
+        for (i, kind) in self.cfg.kinds().into_iter().enumerate() {
+            let (cos, sin) = self.rope_tables(f, kind, pos, b, t);
+            let m = f.slice(masks, &[i, 0, 0], &[i + 1, b * t, cap]);
+            let m = f.reshape(&m, &[b, t, cap]);
+            per_kind.push((kind, cos, sin, m));
+        }
         let mut cache = f.load(&self.cache);
         let mut x = x.clone();
         for (l, layer) in self.w.layers.iter().enumerate() {
-            let (y, updated) = self.layer(f, l, layer, &x, &cos, &sin, &mask, &slots, writes, cache);
+            let kind = self.cfg.layer_kinds[l];
+            let (_, cos, sin, mask) =
+                per_kind.iter().find(|(k, ..)| *k == kind).expect("invariant: every layer kind has tables");
+            let (y, updated) = self.layer(f, l, layer, &x, cos, sin, mask, &slots, writes, cache);
             cache = updated;
             x = y;
         }
         f.store(&self.cache, &cache);
         let norm = f.load(&self.w.norm);
-        let x = self.c.rms_norm(f, &x, &norm, self.cfg.rms_eps, RmsStyle::Plain);
+        let x = self.c.rms_norm(f, &x, &norm, self.cfg.rms_eps, self.cfg.norm_style);
         let x = f.reshape(&x, &[b * t, h]);
         let head = f.load(&self.w.lm_head);
         let logits = self.c.linear(f, &x, &head, None);
@@ -186,9 +219,9 @@ impl Emitter<'_> {
 
     /// cos/sin `[B, T, D]` from positions, as transformers' default rotary
     /// embedding: `freqs = pos * inv_freq`, duplicated over both halves.
-    fn rope_tables(&self, f: &mut Func, pos: &Value, b: usize, t: usize) -> (Value, Value) {
+    fn rope_tables(&self, f: &mut Func, kind: LayerKind, pos: &Value, b: usize, t: usize) -> (Value, Value) {
         let d = self.cfg.head_dim;
-        let inv = self.cfg.inv_freq();
+        let inv = self.cfg.inv_freq(kind);
         let mut both = inv.clone();
         both.extend_from_slice(&inv);
         let inv = f.constant_f32(&[d], &both);
@@ -238,7 +271,8 @@ impl Emitter<'_> {
         let c = &self.c;
 
         let ln1 = f.load(&w.ln1);
-        let hx = c.rms_norm(f, x, &ln1, cfg.rms_eps, RmsStyle::Plain);
+        let style = cfg.norm_style;
+        let hx = c.rms_norm(f, x, &ln1, cfg.rms_eps, style);
         let bias = |f: &mut Func, i: usize| w.qkv_bias.as_ref().map(|bs| f.load(&bs[i]));
         let proj = |f: &mut Func, wg: &Global, bi: Option<Value>, heads: usize| {
             let wv = f.load(wg);
@@ -253,9 +287,9 @@ impl Emitter<'_> {
         let v = proj(f, &w.v, bv, kvh);
         if let Some([qn, kn]) = &w.qk_norm {
             let qn = f.load(qn);
-            q = c.rms_norm(f, &q, &qn, cfg.rms_eps, RmsStyle::Plain);
+            q = c.rms_norm(f, &q, &qn, cfg.rms_eps, style);
             let kn = f.load(kn);
-            k = c.rms_norm(f, &k, &kn, cfg.rms_eps, RmsStyle::Plain);
+            k = c.rms_norm(f, &k, &kn, cfg.rms_eps, style);
         }
         let q = self.rope(f, &q, cos, sin);
         let k = self.rope(f, &k, cos, sin);
@@ -302,7 +336,7 @@ impl Emitter<'_> {
         let qg = f.reshape(&q, &[b, t, kvh, g, d]);
         // scores [B, KVH, T, G, C]
         let scores = c.matmul(f, &qg, &keys, (&[0, 2], &[0, 2]), (&[4], &[3]));
-        let scale = f.splat(scores.ty(), (d as f64).powf(-0.5));
+        let scale = f.splat(scores.ty(), cfg.attn_scale);
         let scores = f.mul(&scores, &scale);
         let sa = f.convert(&scores, Elem::F32);
         let mb = f.broadcast(mask, &[b, kvh, t, g, cap], &[0, 2, 4]);
@@ -313,17 +347,28 @@ impl Emitter<'_> {
         let out = f.transpose(&out, &[0, 2, 1, 3, 4]);
         let out = f.reshape(&out, &[b, t, nh * d]);
         let o = f.load(&w.o);
-        let attn = c.linear(f, &out, &o, None);
+        let mut attn = c.linear(f, &out, &o, None);
+        if let Some(post) = &w.post_attn {
+            let pw = f.load(post);
+            attn = c.rms_norm(f, &attn, &pw, cfg.rms_eps, style);
+        }
         let x = c.residual(f, x, &attn);
 
         let ln2 = f.load(&w.ln2);
-        let hx = c.rms_norm(f, &x, &ln2, cfg.rms_eps, RmsStyle::Plain);
+        let hx = c.rms_norm(f, &x, &ln2, cfg.rms_eps, style);
         let (gw, uw, dw) = (f.load(&w.gate), f.load(&w.up), f.load(&w.down));
         let gate = c.linear(f, &hx, &gw, None);
         let up = c.linear(f, &hx, &uw, None);
-        let act = c.silu(f, &gate);
+        let act = match cfg.activation {
+            Activation::Silu => c.silu(f, &gate),
+            Activation::GeluTanh => c.gelu_tanh(f, &gate),
+        };
         let prod = f.mul(&act, &up);
-        let down = c.linear(f, &prod, &dw, None);
+        let mut down = c.linear(f, &prod, &dw, None);
+        if let Some(post) = &w.post_mlp {
+            let pw = f.load(post);
+            down = c.rms_norm(f, &down, &pw, cfg.rms_eps, style);
+        }
         (c.residual(f, &x, &down), cache)
     }
 }

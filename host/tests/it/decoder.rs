@@ -121,6 +121,30 @@ fn qwen3_matches_transformers() {
 }
 
 #[test]
+fn gemma3_text_matches_transformers() {
+    check_parity("gemma3_text");
+}
+
+/// The host's per-kind visibility is exactly the reference's masks (the
+/// sliding window is 8 in this fixture; the long prompt is 85 tokens).
+#[test]
+fn attention_masks_match_the_reference() {
+    let config = mlxcel_host::decoder::TextConfig::load(&fixture("gemma3_text")).expect("config");
+    let bytes = std::fs::read(fixture("gemma3_text").join("goldens/long.safetensors")).expect("goldens");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    for kind in config.kinds() {
+        let golden = st.tensor(&format!("attention_mask.{}", kind.hf_name())).expect("mask");
+        let n = golden.shape()[0];
+        for q in 0..n {
+            for kv in 0..n {
+                let want = golden.data()[q * n + kv] != 0;
+                assert_eq!(config.visible(kind, q, kv), want, "{kind:?} q={q} kv={kv}");
+            }
+        }
+    }
+}
+
+#[test]
 fn two_slots_decode_together_as_each_alone() {
     let mut dec = load("qwen2", SHAPE);
     let (a, b) = (golden("qwen2", "short"), golden("qwen2", "long"));
