@@ -14,13 +14,13 @@ use mlxcel_shim::{
 pub(crate) struct DeviceArgs {
     /// HAL driver: local-sync (inline, lowest overhead) or local-task (threaded).
     #[arg(long, default_value = "local-sync")]
-    driver: String,
+    pub(crate) driver: String,
     /// CPU to compile for: host (fastest, not portable), generic, x86-64-v3, ...
     #[arg(long, default_value = "host")]
-    target_cpu: String,
+    pub(crate) target_cpu: String,
     /// Compile cache directory [default: $MLXCEL_CACHE_DIR or ~/.cache/mlxcel/compiled].
     #[arg(long)]
-    cache_dir: Option<PathBuf>,
+    pub(crate) cache_dir: Option<PathBuf>,
 }
 
 const DEMO_MLIR: &str = include_str!("../programs/attention.mlir");

@@ -4,3 +4,5 @@
 #![forbid(unsafe_code)]
 
 pub mod decoder;
+pub mod sampling;
+pub mod text;

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod exec;
+mod generate;
 
 use std::path::PathBuf;
 
@@ -39,6 +40,8 @@ enum Command {
         #[command(flatten)]
         device: exec::DeviceArgs,
     },
+    /// Generate text from a prompt with a checkpoint's chat template and decoder.
+    Generate(Box<generate::GenerateArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -61,5 +64,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run { mlir, function, inputs, params, device } => {
             exec::run_file(&mlir, function.as_deref(), &inputs, params.as_deref(), &device)
         }
+        Command::Generate(args) => generate::generate(&args),
     }
 }

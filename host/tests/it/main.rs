@@ -1,3 +1,4 @@
 //! Host integration tests against the oracle's goldens (tests/fixtures).
 
 mod decoder;
+mod generate;

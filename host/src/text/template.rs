@@ -1,0 +1,280 @@
+//! The checkpoint's own chat template, rendered with minijinja the way
+//! transformers' `apply_chat_template` renders it with jinja2: blocks trim
+//! their newline and leading space, loop controls are on, the special tokens
+//! of `tokenizer_config.json` are variables, and `raise_exception`, a
+//! Python-compatible `tojson` and Python string and dict methods exist.
+
+use std::path::Path;
+
+use minijinja::{Environment, Error, ErrorKind, Value, value::Kwargs};
+
+use super::{TextError, read_json_if_present};
+
+/// One chat turn.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message { role: role.to_owned(), content: content.to_owned() }
+    }
+}
+
+/// A compiled chat template and the special tokens it may name.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// `bos_token`, `eos_token`, ... as the template sees them.
+    specials: serde_json::Map<String, serde_json::Value>,
+}
+
+const NAME: &str = "chat_template";
+
+impl ChatTemplate {
+    /// The template of the checkpoint at `dir`: `chat_template.jinja` when
+    /// present (transformers 4.43+ writes it there), else the
+    /// `chat_template` of `tokenizer_config.json`.
+    pub fn load(dir: &Path) -> Result<Self, TextError> {
+        let config = read_json_if_present(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
+        let jinja = dir.join("chat_template.jinja");
+        let source = if jinja.is_file() {
+            std::fs::read_to_string(&jinja).map_err(|source| TextError::Io { path: jinja, source })?
+        } else {
+            config_template(&config).ok_or(TextError::NoChatTemplate)?
+        };
+        Self::from_source(&source, &config)
+    }
+
+    /// A template from its source and the tokenizer config holding its special tokens.
+    pub fn from_source(source: &str, tokenizer_config: &serde_json::Value) -> Result<Self, TextError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(python_formatter);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned(NAME, strip_generation_tags(source))?;
+        let mut specials = serde_json::Map::new();
+        if let Some(config) = tokenizer_config.as_object() {
+            for key in config.keys().filter(|k| k.ends_with("_token")) {
+                if let Some(token) = special_token(tokenizer_config, key) {
+                    specials.insert(key.clone(), token.into());
+                }
+            }
+            if let Some(extra) = config.get("additional_special_tokens") {
+                specials.insert("additional_special_tokens".into(), extra.clone());
+            }
+        }
+        Ok(ChatTemplate { env, specials })
+    }
+
+    /// The prompt for `messages`; with `add_generation_prompt`, ending
+    /// where the assistant's reply begins.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, TextError> {
+        // Messages go in as minijinja values so their keys keep field order for `tojson`.
+        let mut ctx: std::collections::BTreeMap<&str, Value> =
+            self.specials.iter().map(|(k, v)| (k.as_str(), Value::from_serialize(v))).collect();
+        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        Ok(self.env.get_template(NAME)?.render(ctx)?)
+    }
+}
+
+/// `chat_template` of a tokenizer config: a string, or a list of named
+/// templates of which the one named `default` applies.
+fn config_template(config: &serde_json::Value) -> Option<String> {
+    match config.get("chat_template")? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(named) => named
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+        _ => None,
+    }
+}
+
+/// A special token of a tokenizer config, written either as its string or
+/// as an `AddedToken` object with a `content` field.
+pub(super) fn special_token(config: &serde_json::Value, key: &str) -> Option<String> {
+    match config.get(key)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// Removes transformers' `{% generation %}` / `{% endgeneration %}` tags
+/// (they only mark assistant text for training masks; minijinja does not
+/// know them).
+fn strip_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let Some(len) = rest[start..].find("%}") else { break };
+        let tag = &rest[start..start + len + 2];
+        let inner = tag[2..tag.len() - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        out.push_str(&rest[..start]);
+        if inner != "generation" && inner != "endgeneration" {
+            out.push_str(tag);
+        }
+        rest = &rest[start + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Prints `True`, `False` and `None` as Python does (jinja2 prints the
+/// Python objects); everything else as minijinja prints it.
+fn python_formatter(out: &mut minijinja::Output, state: &minijinja::State, value: &Value) -> Result<(), Error> {
+    use minijinja::value::ValueKind;
+    match value.kind() {
+        ValueKind::Bool => out.write_str(if value.is_true() { "True" } else { "False" }),
+        ValueKind::None => out.write_str("None"),
+        _ => return minijinja::escape_formatter(out, state, value),
+    }
+    .map_err(Error::from)
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `tojson` as transformers defines it: Python's `json.dumps` with
+/// `ensure_ascii=False`, its `", "` and `": "` separators (`","` with an
+/// indent), keys in insertion order unless `sort_keys`, and no HTML escaping
+/// (minijinja's own `tojson` escapes `<`, `>`, `&` and `'`, which would
+/// change prompts that embed JSON).
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(&mut out, value, indent, sort_keys.unwrap_or(false), 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(out: &mut String, v: &Value, indent: Option<usize>, sort: bool, depth: usize) -> Result<(), Error> {
+    use minijinja::value::ValueKind;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => match i64::try_from(v.clone()) {
+            Ok(i) if !v.to_string().contains('.') => out.push_str(&i.to_string()),
+            _ => {
+                let f = f64::try_from(v.clone())?;
+                // Python writes floats with a fraction part (1.0) and NaN/Infinity bare.
+                match f {
+                    f if f.is_nan() => out.push_str("NaN"),
+                    f if f.is_infinite() => out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" }),
+                    f if f.fract() == 0.0 && f.abs() < 1e16 => out.push_str(&format!("{f:.1}")),
+                    f => out.push_str(&f.to_string()),
+                }
+            }
+        },
+        ValueKind::String => out.push_str(&json_string(v.as_str().unwrap_or_default())),
+        ValueKind::Map | ValueKind::Seq | ValueKind::Iterable => {
+            let is_map = v.kind() == ValueKind::Map;
+            // A map iterates over its keys.
+            let mut items: Vec<Value> = v.try_iter()?.collect();
+            if is_map && sort {
+                items.sort();
+            }
+            out.push(if is_map { '{' } else { '[' });
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                if is_map {
+                    out.push_str(&json_string(&item.to_string()));
+                    out.push_str(": ");
+                    write_json(out, &v.get_item(item)?, indent, sort, depth + 1)?;
+                } else {
+                    write_json(out, item, indent, sort, depth + 1)?;
+                }
+            }
+            if !items.is_empty() {
+                newline(out, depth);
+            }
+            out.push(if is_map { '}' } else { ']' });
+        }
+        _ => out.push_str(&json_string(&v.to_string())),
+    }
+    Ok(())
+}
+
+/// A JSON string literal with the escapes Python's `json` uses (non-ASCII kept).
+fn json_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(source: &str, messages: &[Message]) -> Result<String, TextError> {
+        let config = serde_json::json!({"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": false}});
+        ChatTemplate::from_source(source, &config)?.render(messages, true)
+    }
+
+    fn check(source: &str, want: &str) {
+        let messages = [Message::new("system", "  be brief "), Message::new("user", "hi <there> & 'you'")];
+        assert_eq!(render(source, &messages).expect("renders"), want, "{source}");
+    }
+
+    #[test]
+    fn renders_like_transformers() {
+        // Blocks trim their newline and indentation (trim_blocks, lstrip_blocks).
+        check("{% for m in messages %}\n  {% if true %}{{ m.role }};{% endif %}\n{% endfor %}", "system;user;");
+        check("{% for m in messages %}\n  {{ m.role }};\n{% endfor %}", "  system;\n  user;\n");
+        check("{{ bos_token }}{{ messages[-1]['content'] }}{{ eos_token }}", "<s>hi <there> & 'you'</s>");
+        check("{% if add_generation_prompt %}go{% endif %}", "go");
+        // Python methods through pycompat.
+        check("{{ messages[0].content.strip() }}|{{ messages[1].content.startswith('hi') }}", "be brief|True");
+        check("{{ none }}|{{ 1.0 }}|{{ false }}|{{ undefined_name }}", "None|1.0|False|");
+        check("{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.role }}{% endfor %}", "user");
+        check("{% for m in messages %}{{ m.role }}{% break %}{% endfor %}", "system");
+        check(
+            "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+            "2",
+        );
+        check("{% generation %}{{ messages|length }}{% endgeneration %}", "2");
+    }
+
+    #[test]
+    fn tojson_is_pythons_json_dumps() {
+        check("{{ messages[1]|tojson }}", r#"{"role": "user", "content": "hi <there> & 'you'"}"#);
+        check(
+            "{{ {'b': [1, 2.0, none, true], 'a': 'é'}|tojson(sort_keys=true) }}",
+            r#"{"a": "é", "b": [1, 2.0, null, true]}"#,
+        );
+        check("{{ {'a': [1]}|tojson(indent=2) }}", "{\n  \"a\": [\n    1\n  ]\n}");
+        check("{{ []|tojson }}{{ {}|tojson }}", "[]{}");
+    }
+
+    #[test]
+    fn raise_exception_fails_the_render() {
+        let err = render("{{ raise_exception('only user turns') }}", &[]).expect_err("raises");
+        assert!(err.to_string().contains("only user turns"), "{err}");
+    }
+
+    #[test]
+    fn template_comes_from_the_config_when_no_jinja_file() {
+        let named = serde_json::json!({"chat_template": [{"name": "tool_use", "template": "t"}, {"name": "default", "template": "d"}]});
+        assert_eq!(config_template(&named).as_deref(), Some("d"));
+        assert_eq!(config_template(&serde_json::json!({"chat_template": "x"})).as_deref(), Some("x"));
+        assert_eq!(config_template(&serde_json::json!({})), None);
+    }
+}

@@ -1,0 +1,266 @@
+//! `mlxcel-host generate` and the text pipeline under it, against the
+//! oracle's goldens: the chat template renders the golden `prompt`, the
+//! tokenizer gives the golden `input_ids`, and the real binary generates the
+//! golden greedy tokens; bad input fails with a clear message.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use mlxcel_host::text::{ChatTemplate, Detokenizer, Message, Tokenizer, stop_tokens};
+
+/// The text-decoder fixtures: chat template, tokenizer and `generate` end to end.
+const FIXTURES: &[&str] = &["qwen2", "llama", "qwen3", "gemma3_text"];
+const VARIANTS: &[&str] = &["short", "long"];
+
+/// The bundle shape every run here uses, so runs share compiled modules.
+const SHAPE: &[&str] = &["--capacity", "128", "--chunk", "32"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+struct Golden {
+    messages: Vec<Message>,
+    prompt: String,
+    input_ids: Vec<u32>,
+    greedy: Vec<u32>,
+}
+
+fn golden(name: &str, variant: &str) -> Golden {
+    let path = fixture(name).join("goldens").join(format!("{variant}.json"));
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("golden")).expect("json");
+    assert_eq!(meta["add_special_tokens"], false, "{name}/{variant}: the oracle tokenizes the rendered template as-is");
+    Golden {
+        messages: serde_json::from_value(meta["messages"].clone()).expect("messages"),
+        prompt: meta["prompt"].as_str().expect("prompt").to_owned(),
+        input_ids: ids(&meta["input_ids"]),
+        greedy: ids(&meta["greedy_tokens"]),
+    }
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+#[test]
+fn chat_templates_and_tokenizers_match_transformers() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let template = ChatTemplate::load(&dir).expect("template");
+        let tokenizer = Tokenizer::load(&dir).expect("tokenizer");
+        for variant in VARIANTS {
+            let g = golden(name, variant);
+            let prompt = template.render(&g.messages, true).expect("renders");
+            assert_eq!(prompt, g.prompt, "{name}/{variant}: rendered template");
+            assert_eq!(tokenizer.encode(&prompt, false).expect("encodes"), g.input_ids, "{name}/{variant}: input ids");
+            assert_eq!(
+                tokenizer.decode(&g.input_ids, false).expect("decodes"),
+                g.prompt,
+                "{name}/{variant}: round trip"
+            );
+        }
+    }
+}
+
+#[test]
+fn streamed_text_equals_the_full_decode() {
+    for name in FIXTURES {
+        let tokenizer = Tokenizer::load(&fixture(name)).expect("tokenizer");
+        let g = golden(name, "long");
+        // The prompt's own tokens include multi-byte characters split across tokens.
+        let (context, stream) = g.input_ids.split_at(4);
+        let mut detok = Detokenizer::new(context, false);
+        let mut text = String::new();
+        for &id in stream.iter().chain(&g.greedy) {
+            let piece = detok.push(&tokenizer, id).expect("push");
+            assert!(!piece.ends_with('\u{FFFD}'), "{name}: a held-back character was emitted");
+            text += &piece;
+        }
+        text += &detok.finish(&tokenizer).expect("finish");
+        let all: Vec<u32> = stream.iter().chain(&g.greedy).copied().collect();
+        assert_eq!(text, tokenizer.decode(&all, false).expect("decodes"), "{name}");
+    }
+}
+
+#[test]
+fn split_characters_are_held_until_complete() {
+    let tokenizer = Tokenizer::load(&fixture("qwen2")).expect("tokenizer");
+    // "é" is two bytes; the byte-level vocabulary has a token for each.
+    let ids = tokenizer.encode("é", false).expect("encodes");
+    let mut detok = Detokenizer::new(&[], false);
+    let pieces: Vec<String> = ids.iter().map(|&id| detok.push(&tokenizer, id).expect("push")).collect();
+    assert_eq!(pieces.concat(), "é");
+    if ids.len() > 1 {
+        assert_eq!(pieces[0], "", "the first byte alone is not a character");
+    }
+    // A stream ending inside a character flushes it as the full decode does.
+    let mut detok = Detokenizer::new(&[], false);
+    assert_eq!(detok.push(&tokenizer, ids[0]).expect("push"), if ids.len() > 1 { "" } else { "é" });
+    assert_eq!(detok.finish(&tokenizer).expect("finish"), tokenizer.decode(&ids[..1], false).expect("decodes"));
+}
+
+#[test]
+fn stop_tokens_come_from_generation_config() {
+    for (name, want) in [("qwen2", vec![386]), ("llama", vec![388]), ("gemma3_text", vec![385, 389])] {
+        let dir = fixture(name);
+        let tokenizer = Tokenizer::load(&dir).expect("tokenizer");
+        assert_eq!(stop_tokens(&dir, &tokenizer).expect("stop tokens"), want, "{name}");
+    }
+}
+
+/// Runs the real binary.
+fn mlxcel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mlxcel-host")).args(args).output().expect("the binary runs")
+}
+
+/// `generate --json`: the parsed object, after checking the run succeeded.
+fn generate_json(model: &Path, extra: &[&str]) -> serde_json::Value {
+    let model = model.to_str().expect("utf-8 path");
+    let mut args = vec!["generate", "--model", model, "--json"];
+    args.extend_from_slice(SHAPE);
+    args.extend_from_slice(extra);
+    let out = mlxcel(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "generate {args:?} failed: {stderr}");
+    serde_json::from_slice(&out.stdout).expect("one json object on stdout")
+}
+
+/// `--json --max-tokens 16` greedy gives the golden tokens from the chat
+/// template and from `--raw` with the golden prompt. The oracle's greedy
+/// tokens ignore end-of-sequence (`eos_token_id=None` in tools/oracle's
+/// `greedy`), so these runs pass `--ignore-eos`.
+fn check_generate(name: &str) {
+    let dir = fixture(name);
+    let tokenizer = Tokenizer::load(&dir).expect("tokenizer");
+    for variant in VARIANTS {
+        let g = golden(name, variant);
+        let [Message { role, content }] = &g.messages[..] else { panic!("{name}/{variant}: one message") };
+        assert_eq!(role, "user");
+        let n = g.greedy.len().to_string();
+        for (how, prompt, raw) in [("templated", content, None), ("raw", &g.prompt, Some("--raw"))] {
+            let mut extra = vec!["--prompt", prompt, "--max-tokens", &n, "--ignore-eos"];
+            extra.extend(raw);
+            let got = generate_json(&dir, &extra);
+            let ctx = format!("{name}/{variant} ({how})");
+            assert_eq!(got["prompt"], g.prompt.as_str(), "{ctx}: prompt");
+            assert_eq!(ids(&got["prompt_ids"]), g.input_ids, "{ctx}: prompt ids");
+            assert_eq!(ids(&got["tokens"]), g.greedy, "{ctx}: greedy tokens");
+            assert_eq!(got["finish_reason"], "length", "{ctx}");
+            assert_eq!(got["text"], tokenizer.decode(&g.greedy, true).expect("decodes").as_str(), "{ctx}: text");
+            assert!(got["timings"]["prompt_tokens_per_s"].as_f64().is_some_and(|r| r > 0.0), "{ctx}: {got}");
+        }
+    }
+}
+
+#[test]
+fn generate_matches_the_golden_greedy_tokens() {
+    // One process per fixture and variant; fixtures in parallel threads.
+    std::thread::scope(|s| {
+        let runs: Vec<_> = FIXTURES.iter().map(|name| s.spawn(move || check_generate(name))).collect();
+        for run in runs {
+            if let Err(panic) = run.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+}
+
+/// A copy of a fixture (by symlink) with another `generation_config.json`.
+fn with_generation_config(name: &str, config: serde_json::Value) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(fixture(name)).expect("fixture") {
+        let entry = entry.expect("entry");
+        if entry.file_name() != "generation_config.json" {
+            std::os::unix::fs::symlink(entry.path(), tmp.path().join(entry.file_name())).expect("symlink");
+        }
+    }
+    std::fs::write(tmp.path().join("generation_config.json"), config.to_string()).expect("write");
+    tmp
+}
+
+#[test]
+fn generation_stops_at_an_eos_token_unless_told_not_to() {
+    let g = golden("qwen2", "short");
+    // Make the golden's third token an end-of-sequence token.
+    let eos = g.greedy[2];
+    assert!(!g.greedy[..2].contains(&eos));
+    let dir = with_generation_config("qwen2", serde_json::json!({ "eos_token_id": [1, eos] }));
+    let got = generate_json(dir.path(), &["--prompt", "Say hello.", "--max-tokens", "16"]);
+    assert_eq!(ids(&got["tokens"]), g.greedy[..2], "{got}");
+    assert_eq!((&got["finish_reason"], &got["stop_token"]), (&"stop".into(), &eos.into()));
+    let got = generate_json(dir.path(), &["--prompt", "Say hello.", "--max-tokens", "16", "--ignore-eos"]);
+    assert_eq!(ids(&got["tokens"]), g.greedy);
+}
+
+#[test]
+fn text_streams_to_stdout_and_rates_to_stderr() {
+    let dir = fixture("qwen2");
+    let model = dir.to_str().expect("utf-8 path");
+    let mut args = vec!["generate", "--model", model, "--prompt", "Say hello.", "--max-tokens", "16"];
+    args.extend_from_slice(SHAPE);
+    let out = mlxcel(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let want = generate_json(&dir, &["--prompt", "Say hello.", "--max-tokens", "16"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{}\n", want["text"].as_str().expect("text")));
+    assert!(stderr.contains("tokens/s"), "{stderr}");
+}
+
+#[test]
+fn sampling_is_reproducible_with_a_seed() {
+    let dir = fixture("llama");
+    let sample = |seed: &str| {
+        let args = ["--prompt", "Say hello.", "--max-tokens", "12", "--temperature", "1.5", "--top-p", "0.95"];
+        let got = generate_json(&dir, &[&args[..], &["--seed", seed, "--ignore-eos"]].concat());
+        assert_eq!(got["seed"], seed.parse::<u64>().expect("seed"));
+        ids(&got["tokens"])
+    };
+    let a = sample("7");
+    assert_eq!(a, sample("7"));
+    assert_ne!(a, sample("8"), "another seed, another sample (12 tokens at temperature 1.5)");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let qwen2 = fixture("qwen2");
+    let qwen2 = qwen2.to_str().expect("utf-8 path");
+    let long = golden("qwen2", "long").messages[0].content.clone();
+    for (args, want) in [
+        (
+            vec!["--model", "/nonexistent/model", "--prompt", "hi"],
+            "the model directory /nonexistent/model does not exist",
+        ),
+        (
+            vec!["--model", qwen2, "--prompt", &long, "--capacity", "64"],
+            "the prompt is 88 tokens and the context capacity is 64",
+        ),
+        (
+            vec!["--model", qwen2, "--prompt", "hi", "--temperature", "-1"],
+            "temperature must be a finite number >= 0, got -1",
+        ),
+        (
+            vec!["--model", qwen2, "--prompt", "hi", "--temperature", "1", "--top-p", "0"],
+            "top_p must be in (0, 1], got 0",
+        ),
+        (vec!["--model", qwen2, "--prompt", "hi", "--min-p", "1.5"], "min_p must be in [0, 1], got 1.5"),
+        (vec!["--model", qwen2, "--prompt", "hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (vec!["--model", qwen2, "--prompt", "hi", "--capacity", "100", "--chunk", "32"], "not a positive multiple"),
+    ] {
+        let out = mlxcel(&[&["generate"], &args[..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.starts_with("error: ") && stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing on stdout");
+    }
+    // A checkpoint without a chat template needs --raw.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::os::unix::fs::symlink(fixture("qwen2").join(file), dir.path().join(file)).expect("symlink");
+    }
+    let out = mlxcel(&["generate", "--model", dir.path().to_str().expect("utf-8"), "--prompt", "hi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no chat template") && stderr.contains("--raw"), "{stderr}");
+}
