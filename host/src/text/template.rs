@@ -57,6 +57,7 @@ impl ChatTemplate {
         env.set_formatter(python_formatter);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_template_owned(NAME, strip_generation_tags(source))?;
         let mut specials = serde_json::Map::new();
         if let Some(config) = tokenizer_config.as_object() {
@@ -80,6 +81,9 @@ impl ChatTemplate {
             self.specials.iter().map(|(k, v)| (k.as_str(), Value::from_serialize(v))).collect();
         ctx.insert("messages", Value::from_serialize(messages));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        // transformers passes these as None when absent, so `tools is not none` is false.
+        ctx.insert("tools", Value::from(()));
+        ctx.insert("documents", Value::from(()));
         Ok(self.env.get_template(NAME)?.render(ctx)?)
     }
 }
@@ -137,6 +141,81 @@ fn python_formatter(out: &mut minijinja::Output, state: &minijinja::State, value
         _ => return minijinja::escape_formatter(out, state, value),
     }
     .map_err(Error::from)
+}
+
+/// `strftime_now(format)`: the current UTC date and time, with the format
+/// codes chat templates use (Llama 3.x writes today's date with `%d %b %Y`).
+fn strftime_now(format: String) -> Result<Value, Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?
+        .as_secs();
+    strftime(&format, secs).map(Value::from)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+
+/// Formats `secs` since the Unix epoch (UTC) like Python's `strftime`, for
+/// `%Y %y %m %B %b %d %-d %A %a %H %M %S %%`.
+fn strftime(format: &str, secs: u64) -> Result<String, Error> {
+    let days = (secs / 86_400) as i64;
+    let (h, mi, s) = (secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let month = MONTHS[(m - 1) as usize];
+    let weekday = DAYS[(days + 3).rem_euclid(7) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y % 100)),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('-') if chars.next() == Some('d') => out.push_str(&d.to_string()),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('H') => out.push_str(&format!("{h:02}")),
+            Some('M') => out.push_str(&format!("{mi:02}")),
+            Some('S') => out.push_str(&format!("{s:02}")),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("strftime_now: unsupported format code %{}", other.map(String::from).unwrap_or_default()),
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
@@ -262,6 +341,21 @@ mod tests {
         );
         check("{{ {'a': [1]}|tojson(indent=2) }}", "{\n  \"a\": [\n    1\n  ]\n}");
         check("{{ []|tojson }}{{ {}|tojson }}", "[]{}");
+    }
+
+    #[test]
+    fn absent_tools_are_none_and_dates_format_like_python() {
+        check("{% if tools is not none %}tools{% endif %}{% if documents is none %}none{% endif %}", "none");
+        // 2024-07-26 13:05:09 UTC was a Friday; 2000-02-29 a Tuesday.
+        let t = 1_721_999_109;
+        assert_eq!(
+            strftime("%d %b %Y|%-d %B %y|%a %A|%H:%M:%S|%m%%", t).expect("formats"),
+            "26 Jul 2024|26 July 24|Fri Friday|13:05:09|07%"
+        );
+        assert_eq!(strftime("%Y-%m-%d %a", 951_782_400).expect("formats"), "2000-02-29 Tue");
+        assert!(strftime("%Q", t).is_err());
+        let year = render("{{ strftime_now('%Y') }}", &[]).expect("renders");
+        assert!(year.len() == 4 && year.starts_with('2'), "{year}");
     }
 
     #[test]
