@@ -332,6 +332,57 @@ mod tests {
         check("{% generation %}{{ messages|length }}{% endgeneration %}", "2");
     }
 
+    /// Idioms of Hub chat templates; each expectation is what transformers'
+    /// jinja2 setup (`_compile_jinja_template`) rendered for these messages.
+    #[test]
+    fn hub_template_idioms_render_as_jinja2_does() {
+        let messages = [
+            Message::new("system", "You are X.  "),
+            Message::new("user", "a, b; c\nd"),
+            Message::new("assistant", "<think>\nhm\n</think>\n\nok"),
+            Message::new("user", "é \"q\""),
+        ];
+        for (source, want) in [
+            ("{%- for m in messages %}{{ loop.index0 }}{{ '|' if not loop.last }}{% endfor %}", "0|1|2|3"),
+            (
+                "{{ messages|selectattr('role', 'equalto', 'user')|map(attribute='content')|join('#') }}",
+                "a, b; c\nd#é \"q\"",
+            ),
+            (
+                "{% for m in messages %}{% if m.content is string %}{{ m.content[:3] }}{% endif %}{% endfor %}",
+                "Youa, <thé \"",
+            ),
+            ("{{ messages[2].content.split('</think>')[-1].lstrip('\\n') }}", "ok"),
+            ("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}", "a=1;b=2;"),
+            ("{% if 'think' in messages[2].content %}T{% endif %}{{ messages[0].content.endswith('  ') }}", "TTrue"),
+            (
+                "{%- set ns = namespace(last=-1) %}{%- for m in messages[::-1] %}{%- if m.role == 'user' and ns.last == -1 %}\
+                 {%- set ns.last = messages|length - 1 - loop.index0 %}{%- endif %}{%- endfor %}{{ ns.last }}",
+                "3",
+            ),
+            (
+                "{{ messages[0]['content'] | replace('X', 'Y') }}|{{ 'a b'.title() }}|{{ 'AbC'.lower() }}",
+                "You are Y.  |A B|abc",
+            ),
+            (
+                "{% for m in messages %}\n    {%- if m.role == 'user' %}\n        {{- '<u>' + m.content + '</u>' }}\n    \
+                 {%- elif m.role == 'assistant' %}\n{{ m.content }}\n    {%- endif %}\n{% endfor %}",
+                "<u>a, b; c\nd</u><think>\nhm\n</think>\n\nok<u>é \"q\"</u>",
+            ),
+            (
+                "{{ (messages|first).role }}{{ (messages|last).role }}{{ messages[0].get('missing', 'z') }}",
+                "systemuserz",
+            ),
+            ("{{ 3 // 2 }} {{ 7 % 3 }} {{ 2 ** 3 }} {{ 1 / 2 }} {{ foo|default('d') }}", "1 1 8 0.5 d"),
+            (
+                "{{ messages|tojson }}",
+                r#"[{"role": "system", "content": "You are X.  "}, {"role": "user", "content": "a, b; c\nd"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nok"}, {"role": "user", "content": "é \"q\""}]"#,
+            ),
+        ] {
+            assert_eq!(render(source, &messages).expect("renders"), want, "{source}");
+        }
+    }
+
     #[test]
     fn tojson_is_pythons_json_dumps() {
         check("{{ messages[1]|tojson }}", r#"{"role": "user", "content": "hi <there> & 'you'"}"#);
