@@ -6,7 +6,10 @@
 //! plugin does not have read as absent. A plugin built at a newer minor than the host is
 //! refused, because it may rely on host behaviour that minor introduced.
 //!
-//! This version is independent of the crate's package version, which follows the workspace.
+//! The crate's package version follows this version (`1.1.0`), not the workspace: abi_stable
+//! records the package version in every type layout and refuses a plugin whose package major
+//! differs (for `0.x`, whose minor differs), so tying it to the ABI keeps plugins built against
+//! any release of the same major loadable.
 
 use std::fmt;
 use std::str::FromStr;

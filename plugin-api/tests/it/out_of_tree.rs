@@ -33,10 +33,11 @@ fn code_files(markdown: &str) -> Vec<(String, String)> {
     files
 }
 
-#[test]
-fn the_walkthrough_plugin_builds_out_of_tree_and_loads() {
-    let plugin_api = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let workspace = plugin_api.parent().expect("plugin-api sits in the workspace");
+/// Builds the walkthrough project against the plugin-api crate at `plugin_api` (into a target
+/// directory of its own inside the test's, so reruns are incremental) and installs the library
+/// with its manifest, hash filled in, in a new plugin directory.
+fn build_walkthrough(plugin_api: &Path, target_name: &str) -> tempfile::TempDir {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("plugin-api sits in the workspace");
     let doc = std::fs::read_to_string(workspace.join("docs/writing-a-plugin.md")).expect("read the walkthrough");
     let files = code_files(&doc);
     let names: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
@@ -58,9 +59,8 @@ fn the_walkthrough_plugin_builds_out_of_tree_and_loads() {
     // The workspace's lock file pins the same dependency versions, so the offline build resolves.
     std::fs::copy(workspace.join("Cargo.lock"), project.path().join("Cargo.lock")).expect("copy Cargo.lock");
 
-    // A target directory of its own inside the test's, so reruns are incremental.
     let (target_dir, _) = target_dirs();
-    let target_dir: PathBuf = target_dir.join("out-of-tree-plugin");
+    let target_dir: PathBuf = target_dir.join(target_name);
     let output = Command::new(cargo())
         .current_dir(project.path())
         .args(["build", "--offline", "--release", "--target-dir"])
@@ -79,7 +79,12 @@ fn the_walkthrough_plugin_builds_out_of_tree_and_loads() {
     assert_eq!(manifest.plugin.library, library_name);
     manifest.plugin.sha256 = sha256_of(&library);
     std::fs::write(plugins.path().join("acme-vl.toml"), manifest.to_toml()).expect("install the manifest");
+    plugins
+}
 
+#[test]
+fn the_walkthrough_plugin_builds_out_of_tree_and_loads() {
+    let plugins = build_walkthrough(Path::new(env!("CARGO_MANIFEST_DIR")), "out-of-tree-plugin");
     let set = scan(plugins.path()).expect("scan");
     assert!(set.rejected().is_empty(), "{:?}", set.rejected());
     let plugin = set
@@ -108,4 +113,78 @@ fn the_walkthrough_plugin_builds_out_of_tree_and_loads() {
         .expect("prefill_contract");
     assert_eq!(contract.placements[0].token_start, 1);
     assert_eq!(contract.text_scale, 8.0);
+}
+
+#[test]
+fn a_plugin_built_against_another_plugin_api_release_of_the_same_major_loads() {
+    // abi_stable records the plugin-api package version in every type layout and refuses a
+    // plugin whose version is not "loosely compatible" (0.x: same minor; otherwise same major).
+    // The package version therefore follows the ABI (1.1.0), not the workspace: a copy of this
+    // crate released as 1.0.7 stands in for an older release a third party built against.
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let copy = tempfile::tempdir().expect("temp dir");
+    let crate_dir = copy.path().join("plugin-api");
+    copy_tree(&here.join("src"), &crate_dir.join("src"));
+    std::fs::write(crate_dir.join("Cargo.toml"), standalone_manifest(here, "1.0.7")).expect("write Cargo.toml");
+
+    let plugins = build_walkthrough(&crate_dir, "out-of-tree-plugin-release");
+    let set = scan(plugins.path()).expect("scan");
+    assert!(set.rejected().is_empty(), "{:?}", set.rejected());
+    let plugin = set.get("acme-vl").expect("loaded");
+    let config = plugin
+        .parse_config(r#"{"model_type": "acme_vl", "hidden_size": 64, "image_token_id": 9}"#, "")
+        .expect("parse_config");
+    assert_eq!(config.summary.text_hidden_size, 64);
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("list") {
+        let path = entry.expect("entry").path();
+        let target = to.join(path.file_name().expect("a name"));
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy");
+        }
+    }
+}
+
+/// plugin-api's `Cargo.toml` outside the workspace, at package version `version`: workspace
+/// inheritance resolved, tests and lints dropped.
+fn standalone_manifest(crate_dir: &Path, version: &str) -> String {
+    let read = |path: &Path| -> toml::Table {
+        toml::from_str(&std::fs::read_to_string(path).expect("read Cargo.toml")).expect("Cargo.toml parses")
+    };
+    let mut table = read(&crate_dir.join("Cargo.toml"));
+    let root = read(&crate_dir.join("../Cargo.toml"));
+    let workspace = root["workspace"].as_table().expect("[workspace]");
+    let inherited = |value: &toml::Value| value.get("workspace").and_then(toml::Value::as_bool) == Some(true);
+    let package = table["package"].as_table_mut().expect("[package]");
+    for (key, value) in package.iter_mut() {
+        if inherited(value) {
+            *value = workspace["package"][key.as_str()].clone();
+        }
+    }
+    package.insert("version".to_owned(), version.into());
+    let dependencies = table["dependencies"].as_table_mut().expect("[dependencies]");
+    for (name, spec) in dependencies.iter_mut() {
+        if !inherited(spec) {
+            continue;
+        }
+        let mut resolved = match &workspace["dependencies"][name.as_str()] {
+            toml::Value::String(v) => toml::Table::from_iter([("version".to_owned(), v.as_str().into())]),
+            toml::Value::Table(t) => t.clone(),
+            other => panic!("unexpected workspace dependency {name}: {other}"),
+        };
+        for (key, value) in spec.as_table().expect("a table").iter().filter(|(k, _)| *k != "workspace") {
+            resolved.insert(key.clone(), value.clone());
+        }
+        *spec = toml::Value::Table(resolved);
+    }
+    for key in ["dev-dependencies", "test", "lints"] {
+        table.remove(key);
+    }
+    table.insert("workspace".to_owned(), toml::Value::Table(toml::Table::new()));
+    toml::to_string(&table).expect("serialize Cargo.toml")
 }
