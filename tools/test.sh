@@ -21,6 +21,14 @@ cargo clippy --release --locked --workspace --all-targets -- -D warnings
 step "cargo test"
 # One profile everywhere: the IREE runtime is built once, in release mode.
 cargo test --release --locked --workspace
+step "in-tree plugins install and load (tools/build-plugins.sh)"
+plugins="$(tools/build-plugins.sh)"
+listing="$(target/release/mlxcel-host plugins list --plugins "$plugins")"
+echo "$listing"
+case "$listing" in
+  *", 0 skipped"*) ;;
+  *) echo "test: error: an in-tree plugin was skipped (see above)" >&2; exit 1 ;;
+esac
 step "oracle goldens reproduce (transformers / mlx-vlm)"
 # Writes nothing: every fixture is recomputed in memory and compared.
 bash tools/oracle/regen.sh --check

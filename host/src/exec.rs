@@ -26,7 +26,7 @@ pub(crate) struct DeviceArgs {
 const DEMO_MLIR: &str = include_str!("../programs/attention.mlir");
 
 /// Compiles (or fetches from the cache) one module.
-fn compile(name: &str, mlir: &str, args: &DeviceArgs) -> Result<mlxcel_shim::Artifact> {
+pub(crate) fn compile(name: &str, mlir: &str, args: &DeviceArgs) -> Result<mlxcel_shim::Artifact> {
     let compiler = Compiler::locate()?;
     let cache = CompileCache::new(args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
     let target = Target::Cpu { cpu: args.target_cpu.clone() };

@@ -5,6 +5,7 @@
 
 mod exec;
 mod generate;
+mod plugins;
 
 use std::path::PathBuf;
 
@@ -42,6 +43,12 @@ enum Command {
     },
     /// Generate text from a prompt with a checkpoint's chat template and decoder.
     Generate(Box<generate::GenerateArgs>),
+    /// Family plugins: list a plugin directory, inspect a manifest, verify a plugin against a
+    /// fixture's goldens.
+    Plugins {
+        #[command(subcommand)]
+        command: plugins::PluginsCommand,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,5 +72,6 @@ fn run(cli: Cli) -> Result<()> {
             exec::run_file(&mlir, function.as_deref(), &inputs, params.as_deref(), &device)
         }
         Command::Generate(args) => generate::generate(&args),
+        Command::Plugins { command } => plugins::run(&command),
     }
 }

@@ -1,10 +1,11 @@
 //! The conformance kit's comparison logic: a plugin's answers against a reference's goldens,
 //! stage by stage, with the published tolerances.
 //!
-//! This module compares values already in memory; reading goldens from a fixture directory
-//! and running the encoder graph belong to the host's `plugins verify` command, which feeds the
-//! results here. The stage names are those of the manifest's evidence ([`STAGES`]), so a
-//! passing [`ConformanceReport`] converts straight into a manifest's `max_abs_diff` table.
+//! This module compares values already in memory, for plugin authors' own tests. The host's
+//! `plugins verify` command reads a fixture's goldens and compares through `mlxcel-golden`
+//! (which reports the divergent coordinate per axis), with the tolerances from [`tolerance`].
+//! The stage names are those of the manifest's evidence ([`STAGES`]), so a passing
+//! [`ConformanceReport`] converts straight into a manifest's `max_abs_diff` table.
 //!
 //! [`STAGES`]: crate::manifest::STAGES
 

@@ -2,3 +2,4 @@
 
 mod decoder;
 mod generate;
+mod plugins;

@@ -39,6 +39,9 @@ pub trait Variant: 'static {
     const PANIC_IN_IDENTITY: bool = false;
     /// Panic in `preprocess` for images of this width.
     const PANIC_ON_WIDTH: Option<u32> = None;
+    /// Leave image blocks causal in the prefill contract: a deliberately wrong answer for the
+    /// conformance kit to catch.
+    const CAUSAL_IMAGE_BLOCKS: bool = false;
 }
 
 /// The toy family under the identity of `V`.
@@ -316,7 +319,9 @@ impl<V: Variant> FamilyPlugin for Toy<V> {
                 token_start: start as u32,
                 rows: len as u32,
             });
-            mask = mask.with_bidirectional(start as u32, len as u32);
+            if !V::CAUSAL_IMAGE_BLOCKS {
+                mask = mask.with_bidirectional(start as u32, len as u32);
+            }
         }
         Ok(PrefillContract {
             text_scale: (config.hidden_size as f32).sqrt(),

@@ -1,0 +1,836 @@
+//! `plugins verify`: the conformance kit. Loads a plugin, then checks its answers against a
+//! fixture's goldens (the oracle's layout, `tools/oracle/README.md`) stage by stage:
+//!
+//! - `config`: the manifest accepts the checkpoint and `parse_config` reads it;
+//! - `checkpoint`: `check_checkpoint` finds nothing missing (plugin-api 1.1 and later);
+//! - per variant, `preprocess` (the items' tensors, concatenated along the first axis, against
+//!   the goldens of the same name), `placeholder` (the expanded prompt against the golden
+//!   `input_ids`, token by token), `encoder` (the plugin's StableHLO compiled and run by the
+//!   host's stack on the fixture checkpoint against `image_features` / `audio_features`),
+//!   `positions` and `mask` (the prefill contract for the golden `input_ids` against
+//!   `position_ids` and `attention_mask.full_attention`).
+//!
+//! Stages the goldens do not cover are skipped and say so. Comparisons go through
+//! `mlxcel_golden`, so a failure names the first divergent coordinate; the tolerances are the
+//! published ones (`mlxcel_plugin_api::conformance::tolerance`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use mlxcel_golden::{Fixture, Golden, Report, Tolerance};
+use mlxcel_plugin_api::conformance::tolerance;
+use mlxcel_plugin_api::{
+    CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
+    ItemMeta, LayoutRequest, LoadedPlugin, Manifest, MediaItem, Modality, ModelConfig, PluginSet, Positions,
+    PrefillContract, PreprocessOptions, Preprocessed, RVec, Tensor, TensorSpec, load_plugin, scan,
+};
+use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
+
+use super::tokens::Pieces;
+use crate::exec::{DeviceArgs, compile};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct VerifyArgs {
+    /// The plugin: a plugin directory (the plugin that accepts the fixture's checkpoint is
+    /// checked), a manifest (`.toml`), or a library next to its manifest.
+    plugin: PathBuf,
+    /// The fixture: a checkpoint with `inputs/` and `goldens/`, as `tests/fixtures/<name>`.
+    #[arg(long, value_name = "DIR")]
+    fixture: PathBuf,
+    /// Check only this variant (repeatable) [default: every variant in `goldens/`].
+    #[arg(long = "variant", value_name = "NAME")]
+    variants: Vec<String>,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// How one stage went.
+#[derive(Debug)]
+enum Outcome {
+    /// A check without numbers (the config parses, the checkpoint has every tensor).
+    Checked(String),
+    Passed {
+        max_abs_diff: f64,
+        tolerance: f64,
+        detail: String,
+    },
+    Failed(String),
+    Skipped(String),
+}
+
+#[derive(Debug)]
+struct Stage {
+    name: &'static str,
+    outcome: Outcome,
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.outcome {
+            Outcome::Checked(detail) => write!(f, "{:<12} ok       {detail}", self.name),
+            Outcome::Passed { max_abs_diff, tolerance, detail } if *tolerance == 0.0 && *max_abs_diff == 0.0 => {
+                write!(f, "{:<12} ok       exact", self.name)?;
+                if !detail.is_empty() {
+                    write!(f, "; {detail}")?;
+                }
+                Ok(())
+            }
+            Outcome::Passed { max_abs_diff, tolerance, detail } => {
+                write!(f, "{:<12} ok       max-abs-diff {max_abs_diff:.3e} (tolerance {tolerance:e})", self.name)?;
+                if !detail.is_empty() {
+                    write!(f, "; {detail}")?;
+                }
+                Ok(())
+            }
+            Outcome::Failed(why) => write!(f, "{:<12} FAILED   {why}", self.name),
+            Outcome::Skipped(why) => write!(f, "{:<12} skipped  {why}", self.name),
+        }
+    }
+}
+
+fn stage(name: &'static str, outcome: Outcome) -> Stage {
+    Stage { name, outcome }
+}
+
+/// A golden comparison as an outcome.
+fn compared(result: Result<Report, mlxcel_golden::Error>, detail: String) -> Outcome {
+    match result {
+        Ok(report) => Outcome::Passed { max_abs_diff: report.max_abs_diff, tolerance: report.tolerance.abs, detail },
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
+    let fixture = Fixture::open(&args.fixture);
+    let dir = fixture.dir();
+    let config_json = read_text(&dir.join("config.json"))?;
+    let processor_json = ["processor_config.json", "preprocessor_config.json"]
+        .iter()
+        .map(|name| dir.join(name))
+        .find(|path| path.exists())
+        .map(|path| read_text(&path))
+        .transpose()?
+        .unwrap_or_default();
+    let source = PluginSource::open(&args.plugin)?;
+    let plugin = source.plugin(&config_json)?;
+    println!(
+        "plugin {} {} (plugin-api {}) from {}",
+        plugin.name(),
+        plugin.manifest().plugin.version,
+        plugin.api_version(),
+        plugin.manifest_path().display()
+    );
+    println!("fixture {}", dir.display());
+
+    let variants = if args.variants.is_empty() { fixture.variants()? } else { args.variants.clone() };
+    if variants.is_empty() {
+        bail!("{} has no goldens (goldens/<variant>.safetensors)", dir.display());
+    }
+
+    let (config_stage, config) = parse_config(plugin, &config_json, &processor_json);
+    println!("  {config_stage}");
+    let Some(config) = config else {
+        bail!("verify failed at stage config: {}", failure_text(&config_stage));
+    };
+    let mut kit = Kit::new(plugin, &fixture, config, &args.device);
+    let mut results: Vec<(String, Stage)> = vec![("(fixture)".to_owned(), config_stage)];
+    let checkpoint_stage = kit.checkpoint_stage();
+    println!("  {checkpoint_stage}");
+    results.push(("(fixture)".to_owned(), checkpoint_stage));
+
+    for variant in &variants {
+        println!("variant {variant}:");
+        let golden = fixture.golden(variant)?;
+        for stage in kit.variant(&golden) {
+            println!("  {stage}");
+            results.push((variant.clone(), stage));
+        }
+    }
+
+    let failures: Vec<&(String, Stage)> =
+        results.iter().filter(|(_, s)| matches!(s.outcome, Outcome::Failed(_))).collect();
+    if let Some((variant, first)) = failures.first() {
+        bail!(
+            "verify failed: {} stage(s) failed; the first is variant {variant}, stage {}: {}",
+            failures.len(),
+            first.name,
+            failure_text(first)
+        );
+    }
+    let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
+    for (_, s) in &results {
+        if let Outcome::Passed { max_abs_diff, .. } = s.outcome
+            && mlxcel_plugin_api::manifest::STAGES.contains(&s.name)
+        {
+            let entry = worst.entry(s.name).or_insert(0.0);
+            *entry = entry.max(max_abs_diff);
+        }
+    }
+    println!("verify: passed ({} variants)", variants.len());
+    println!("max-abs-diff per stage, for the manifest's evidence:");
+    for (name, diff) in worst {
+        println!("  {name} = {diff:e}");
+    }
+    Ok(())
+}
+
+fn failure_text(stage: &Stage) -> &str {
+    match &stage.outcome {
+        Outcome::Failed(why) => why,
+        _ => "",
+    }
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// The plugin under test, as the user named it.
+enum PluginSource {
+    Dir(PathBuf, PluginSet),
+    One(Box<LoadedPlugin>),
+}
+
+impl PluginSource {
+    fn open(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            let set = scan(path)?;
+            for rejection in set.rejected() {
+                eprintln!("note: {rejection}");
+            }
+            return Ok(Self::Dir(path.to_owned(), set));
+        }
+        let manifest =
+            if path.extension().is_some_and(|e| e == "toml") { path.to_owned() } else { manifest_naming(path)? };
+        let plugin =
+            load_plugin(&manifest).with_context(|| format!("cannot load the plugin {}", manifest.display()))?;
+        Ok(Self::One(Box::new(plugin)))
+    }
+
+    fn plugin(&self, config_json: &str) -> Result<&LoadedPlugin> {
+        match self {
+            Self::Dir(dir, set) => set
+                .for_config(config_json)
+                .with_context(|| format!("no plugin in {} accepts the fixture's checkpoint", dir.display())),
+            Self::One(plugin) => Ok(plugin),
+        }
+    }
+}
+
+/// The manifest beside `library` that names it.
+fn manifest_naming(library: &Path) -> Result<PathBuf> {
+    let file = library.file_name().and_then(|f| f.to_str()).context("the plugin path has no file name")?;
+    let dir = library.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let entries = std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    for entry in entries {
+        let path = entry.with_context(|| format!("cannot list {}", dir.display()))?.path();
+        if path.extension().is_some_and(|e| e == "toml")
+            && Manifest::from_file(&path).is_ok_and(|m| m.plugin.library == file)
+        {
+            return Ok(path);
+        }
+    }
+    bail!("no valid manifest in {} names the library {file}", dir.display())
+}
+
+/// The `config` stage: the manifest accepts the checkpoint, and `parse_config` reads it.
+fn parse_config(plugin: &LoadedPlugin, config_json: &str, processor_json: &str) -> (Stage, Option<ModelConfig>) {
+    let value: serde_json::Value = serde_json::from_str(config_json).unwrap_or_default();
+    let architecture = value.pointer("/architectures/0").and_then(|a| a.as_str()).unwrap_or_default();
+    let model_type = value.get("model_type").and_then(|m| m.as_str()).unwrap_or_default();
+    let accepts = &plugin.manifest().accepts;
+    if !accepts.architectures.iter().any(|a| a == architecture) && !accepts.model_types.iter().any(|m| m == model_type)
+    {
+        let why = format!(
+            "the manifest accepts neither architecture `{architecture}` nor model_type `{model_type}` of the fixture"
+        );
+        return (stage("config", Outcome::Failed(why)), None);
+    }
+    match plugin.parse_config(config_json, processor_json) {
+        Ok(config) => {
+            let detail = format!("{architecture} ({model_type})");
+            (stage("config", Outcome::Checked(detail)), Some(config))
+        }
+        Err(e) => (stage("config", Outcome::Failed(e.to_string())), None),
+    }
+}
+
+/// One media item of a variant.
+struct Media {
+    path: PathBuf,
+    modality: Modality,
+    bytes: Vec<u8>,
+}
+
+/// The runtime pieces, made on first use of the encoder stage.
+struct Runtime {
+    device: Device,
+    parameters: HashMap<String, Parameters>,
+    sessions: HashMap<String, (EncoderGraph, Session)>,
+}
+
+struct Kit<'a> {
+    plugin: &'a LoadedPlugin,
+    fixture: &'a Fixture,
+    config: ModelConfig,
+    device_args: &'a DeviceArgs,
+    runtime: Option<Runtime>,
+    pieces: Option<Result<Pieces, String>>,
+}
+
+impl<'a> Kit<'a> {
+    fn new(plugin: &'a LoadedPlugin, fixture: &'a Fixture, config: ModelConfig, device_args: &'a DeviceArgs) -> Self {
+        Self { plugin, fixture, config, device_args, runtime: None, pieces: None }
+    }
+
+    /// `check_checkpoint` over the fixture's tensor index.
+    fn checkpoint_stage(&self) -> Stage {
+        let checkpoint = match Checkpoint::open(self.fixture.dir()) {
+            Ok(c) => c,
+            Err(e) => return stage("checkpoint", Outcome::Failed(e.to_string())),
+        };
+        let tensors: RVec<TensorSpec> = checkpoint
+            .tensors()
+            .iter()
+            .filter_map(|(name, entry)| {
+                let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
+                safetensors_dtype(&entry.dtype).map(|dtype| TensorSpec::new(name.as_str(), dtype, &shape))
+            })
+            .collect();
+        let count = tensors.len();
+        let outcome = match self.plugin.check_checkpoint(&self.config, &CheckpointIndex { tensors }) {
+            Ok(None) => Outcome::Skipped("the plugin predates plugin-api 1.1 (no check_checkpoint)".to_owned()),
+            Ok(Some(report)) if report.problems.is_empty() => {
+                Outcome::Checked(format!("no problems among the {count} checkpoint tensors"))
+            }
+            Ok(Some(report)) => {
+                Outcome::Failed(report.problems.iter().map(|p| p.as_str()).collect::<Vec<_>>().join("; "))
+            }
+            Err(e) => Outcome::Failed(e.to_string()),
+        };
+        stage("checkpoint", outcome)
+    }
+
+    /// Every per-variant stage, in pipeline order.
+    fn variant(&mut self, golden: &Golden) -> Vec<Stage> {
+        let media = match self.media(golden) {
+            Ok(media) => media,
+            Err(e) => return vec![stage("preprocess", Outcome::Failed(format!("{e:#}")))],
+        };
+        let mut stages = Vec::new();
+
+        let mut items: Vec<Preprocessed> = Vec::new();
+        let mut preprocess_error = None;
+        for item in &media {
+            match self.preprocess(item) {
+                Ok(p) => items.push(p),
+                Err(e) => {
+                    preprocess_error = Some(format!("{}: {e:#}", item.path.display()));
+                    break;
+                }
+            }
+        }
+        let preprocessed = preprocess_error.is_none();
+        stages.push(stage(
+            "preprocess",
+            match preprocess_error {
+                Some(e) => Outcome::Failed(e),
+                None if media.is_empty() => Outcome::Skipped("no media in this variant".to_owned()),
+                None => compare_preprocess(golden, &items),
+            },
+        ));
+        let metas: Vec<ItemMeta> =
+            media.iter().zip(&items).map(|(m, p)| ItemMeta { modality: m.modality, grid: p.grid.clone() }).collect();
+
+        let needs_preprocess = || Outcome::Skipped("needs the preprocess stage's grids".to_owned());
+        stages.push(stage(
+            "placeholder",
+            if preprocessed { self.placeholder(golden, &metas) } else { needs_preprocess() },
+        ));
+
+        let contract = if preprocessed { Some(self.contract(golden, &metas)) } else { None };
+        let placed = contract.as_ref().and_then(|c| c.as_ref().ok());
+        stages.push(stage(
+            "encoder",
+            if !preprocessed {
+                needs_preprocess()
+            } else if media.is_empty() {
+                Outcome::Skipped("no media in this variant".to_owned())
+            } else {
+                self.encoder(golden, &media, &items, placed)
+            },
+        ));
+
+        let (positions, mask) = match &contract {
+            None => (needs_preprocess(), needs_preprocess()),
+            Some(Err(e)) => (Outcome::Failed(e.clone()), Outcome::Failed(e.clone())),
+            Some(Ok(contract)) => (compare_positions(golden, contract), compare_mask(golden, contract)),
+        };
+        stages.push(stage("positions", positions));
+        stages.push(stage("mask", mask));
+        stages
+    }
+
+    /// The variant's images (`images`) and audio clips (`audio`), read from the fixture.
+    fn media(&self, golden: &Golden) -> Result<Vec<Media>> {
+        let mut media = Vec::new();
+        for (key, modality) in [("images", Modality::Image), ("audio", Modality::Audio)] {
+            let paths: Vec<&str> = match golden.meta().get(key) {
+                None => Vec::new(),
+                Some(serde_json::Value::String(one)) => vec![one.as_str()],
+                Some(serde_json::Value::Array(many)) => many
+                    .iter()
+                    .map(|v| v.as_str().with_context(|| format!("`{key}` holds a non-string: {v}")))
+                    .collect::<Result<_>>()?,
+                Some(other) => bail!("`{key}` is neither a path nor a list of paths: {other}"),
+            };
+            for path in paths {
+                let path = self.fixture.dir().join(path);
+                let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+                media.push(Media { path, modality, bytes });
+            }
+        }
+        Ok(media)
+    }
+
+    /// Preprocesses one item: PNG images decoded to RGB by the host first, and passed encoded
+    /// only if the plugin does not take decoded pixels.
+    fn preprocess(&self, media: &Media) -> Result<Preprocessed> {
+        let limits = &self.plugin.manifest().limits;
+        let options = PreprocessOptions { max_pixels: limits.max_pixels_per_image.into(), ..Default::default() };
+        let encoded = match media.modality {
+            Modality::Image => {
+                if media.bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+                    let rgb = decode_png(&media.bytes)?;
+                    match self.plugin.preprocess(&self.config, &rgb, &options) {
+                        Err(PluginApiError::Plugin { error, .. }) if error.code == ErrorCode::Unsupported => {}
+                        other => return Ok(other?),
+                    }
+                }
+                MediaItem::EncodedImage(media.bytes.clone().into())
+            }
+            Modality::Audio | Modality::Video => MediaItem::EncodedAudio(media.bytes.clone().into()),
+        };
+        Ok(self.plugin.preprocess(&self.config, &encoded, &options)?)
+    }
+
+    /// The expanded prompt against the golden `input_ids`, token by token.
+    fn placeholder(&mut self, golden: &Golden, metas: &[ItemMeta]) -> Outcome {
+        let (prompt, ids) = match (golden.prompt(), golden.input_ids()) {
+            (Ok(p), Ok(i)) => (p, i),
+            (Err(e), _) | (_, Err(e)) => return Outcome::Skipped(e.to_string()),
+        };
+        let request = LayoutRequest { prompt: prompt.into(), items: metas.iter().cloned().collect() };
+        let layout = match self.plugin.prompt_layout(&self.config, &request) {
+            Ok(layout) => layout,
+            Err(e) => return Outcome::Failed(e.to_string()),
+        };
+        if layout.items.len() != metas.len() {
+            return Outcome::Failed(format!("{} item layouts for {} items", layout.items.len(), metas.len()));
+        }
+        for (index, (item, meta)) in layout.items.iter().zip(metas).enumerate() {
+            if item.feature_tokens != meta.grid.feature_tokens {
+                return Outcome::Failed(format!(
+                    "item {index} expands to {} feature tokens but its grid has {}",
+                    item.feature_tokens, meta.grid.feature_tokens
+                ));
+            }
+        }
+        let pieces = match self.pieces() {
+            Ok(p) => p,
+            Err(e) => return Outcome::Failed(e),
+        };
+        match match_tokens(layout.text.as_bytes(), &ids, pieces) {
+            Ok(()) => Outcome::Passed { max_abs_diff: 0.0, tolerance: 0.0, detail: format!("{} tokens", ids.len()) },
+            Err(why) => Outcome::Failed(why),
+        }
+    }
+
+    fn pieces(&mut self) -> Result<&Pieces, String> {
+        let path = self.fixture.dir().join("tokenizer.json");
+        self.pieces
+            .get_or_insert_with(|| Pieces::from_tokenizer_json(&path).map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The prefill contract for the golden token ids (so it is checked apart from the
+    /// placeholder stage).
+    fn contract(&self, golden: &Golden, metas: &[ItemMeta]) -> Result<PrefillContract, String> {
+        let ids = golden.input_ids().map_err(|e| e.to_string())?;
+        let token_ids = ids
+            .iter()
+            .map(|&id| u32::try_from(id).map_err(|_| format!("golden token id {id} does not fit u32")))
+            .collect::<Result<RVec<u32>, String>>()?;
+        let request = ContractRequest { token_ids, items: metas.iter().cloned().collect() };
+        self.plugin.prefill_contract(&self.config, &request).map_err(|e| e.to_string())
+    }
+
+    /// Runs each item through the plugin's encoder graph and compares the rows it places with
+    /// the golden features of its modality.
+    fn encoder(
+        &mut self,
+        golden: &Golden,
+        media: &[Media],
+        items: &[Preprocessed],
+        contract: Option<&PrefillContract>,
+    ) -> Outcome {
+        let mut outcomes = Vec::new();
+        for (modality, key) in [(Modality::Image, "image_features"), (Modality::Audio, "audio_features")] {
+            let indices: Vec<usize> = (0..media.len()).filter(|&i| media[i].modality == modality).collect();
+            if indices.is_empty() {
+                continue;
+            }
+            if !golden.has(key) {
+                outcomes.push(Outcome::Skipped(format!("the goldens have no `{key}`")));
+                continue;
+            }
+            let mut rows = Vec::new();
+            for &index in &indices {
+                let output = contract
+                    .and_then(|c| c.placements.iter().find(|p| p.item as usize == index))
+                    .map(|p| p.encoder_output.to_string());
+                match self.encode(modality, &items[index], output.as_deref()) {
+                    Ok(values) => rows.extend(values),
+                    Err(e) => return Outcome::Failed(format!("item {index}: {e:#}")),
+                }
+            }
+            let tol = tolerance("encoder");
+            outcomes.push(compared(golden.check_f32(key, &rows, Tolerance::abs(tol)), format!("`{key}`")));
+        }
+        merge(outcomes)
+    }
+
+    /// One item through the smallest bucket that holds it: its placed rows.
+    fn encode(&mut self, modality: Modality, item: &Preprocessed, output: Option<&str>) -> Result<Vec<f32>> {
+        let buckets = self.plugin.encoder_buckets(&self.config, modality)?;
+        let bucket = buckets
+            .iter()
+            .filter(|b| fits(b.inputs.as_slice(), item))
+            .min_by_key(|b| b.inputs.iter().map(|s| s.element_count().unwrap_or(u64::MAX)).sum::<u64>())
+            .with_context(|| {
+                let shapes: Vec<String> =
+                    item.tensors.iter().map(|t| format!("{} {:?}", t.spec.name, t.spec.shape.as_slice())).collect();
+                format!("no encoder bucket holds {}", shapes.join(", "))
+            })?;
+        let key = format!("{}/{}", modality.as_str(), bucket.id);
+        if !self.runtime.as_ref().is_some_and(|r| r.sessions.contains_key(&key)) {
+            let request = EncoderGraphRequest { modality, bucket: bucket.id.clone() };
+            let graph = self.plugin.encoder_graph(&self.config, &request)?;
+            let name = format!("{}-{}-{}", self.plugin.name(), modality.as_str(), bucket.id);
+            let artifact = compile(&name, &graph.stablehlo, self.device_args)?;
+            let dir = self.fixture.dir().to_owned();
+            let runtime = self.runtime()?;
+            let scope = graph.parameter_scope.to_string();
+            if !runtime.parameters.contains_key(&scope) {
+                let checkpoint = Checkpoint::open(&dir)?;
+                runtime.parameters.insert(scope.clone(), Parameters::new(&scope, checkpoint)?);
+            }
+            let session = Session::new(&runtime.device, runtime.parameters.get(&scope), &[&artifact])?;
+            runtime.sessions.insert(key.clone(), (graph, session));
+        }
+        let runtime = self.runtime()?;
+        let (graph, session) = runtime.sessions.get(&key).context("invariant: the session was just made")?;
+
+        let mut inputs = Vec::new();
+        for spec in graph.inputs.iter() {
+            let tensor =
+                item.tensors.iter().find(|t| t.spec.name == spec.name).with_context(|| {
+                    format!("the encoder input `{}` is not among the preprocessed tensors", spec.name)
+                })?;
+            let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
+            inputs.push(HostTensor::from_bytes(shim_dtype(spec.dtype), shape, pad(tensor, &spec.shape))?);
+        }
+        let entry = graph.entry_function.as_str();
+        let function = session
+            .functions()
+            .iter()
+            .find(|f| f.name == entry || f.name.rsplit_once('.').is_some_and(|(_, name)| name == entry))
+            .with_context(|| format!("the compiled encoder exports no function `{entry}`"))?
+            .name
+            .clone();
+        let args: Vec<Arg<'_>> = inputs.iter().map(Arg::from).collect();
+        let outputs = session.call(&function, &args)?;
+        let index = match output {
+            Some(name) => graph
+                .outputs
+                .iter()
+                .position(|o| o.name.as_str() == name)
+                .with_context(|| format!("the contract places output `{name}`, which the graph does not have"))?,
+            None => 0,
+        };
+        let host = outputs.get(index).context("the encoder returned fewer outputs than it declares")?.to_host()?;
+        let values: Vec<f32> = host.to_vec()?;
+        let shape = host.shape().to_vec();
+        let rows = item.grid.feature_tokens as usize;
+        let width: usize = shape.iter().skip(1).product();
+        if shape.first().copied().unwrap_or(0) < rows {
+            bail!("the encoder output has shape {shape:?}, fewer than the item's {rows} feature rows");
+        }
+        Ok(values[..rows * width].to_vec())
+    }
+
+    fn runtime(&mut self) -> Result<&mut Runtime> {
+        if self.runtime.is_none() {
+            let driver: Driver = self.device_args.driver.parse()?;
+            let device = Device::new(driver)?;
+            self.runtime = Some(Runtime { device, parameters: HashMap::new(), sessions: HashMap::new() });
+        }
+        self.runtime.as_mut().ok_or_else(|| anyhow!("invariant: the runtime was just made"))
+    }
+}
+
+/// Whether `item` has a tensor for each bucket input, of its dtype and rank and no larger.
+fn fits(inputs: &[TensorSpec], item: &Preprocessed) -> bool {
+    inputs.iter().all(|spec| {
+        item.tensors.iter().any(|t| {
+            t.spec.name == spec.name
+                && t.spec.dtype == spec.dtype
+                && t.spec.shape.len() == spec.shape.len()
+                && t.spec.shape.iter().zip(spec.shape.iter()).all(|(have, room)| have <= room)
+        })
+    })
+}
+
+/// The tensor's bytes zero-padded at the end of every axis to `to`.
+fn pad(tensor: &Tensor, to: &[u64]) -> Vec<u8> {
+    let from: Vec<usize> = tensor.spec.shape.iter().map(|&d| d as usize).collect();
+    let to: Vec<usize> = to.iter().map(|&d| d as usize).collect();
+    if from == to || from.is_empty() {
+        return tensor.data.to_vec();
+    }
+    let size = tensor.spec.dtype.size();
+    let rank = from.len();
+    let mut strides = vec![1usize; rank];
+    for axis in (0..rank - 1).rev() {
+        strides[axis] = strides[axis + 1] * to[axis + 1];
+    }
+    let row = from[rank - 1] * size;
+    let outer: usize = from[..rank - 1].iter().product();
+    let mut out = vec![0u8; to.iter().product::<usize>() * size];
+    for o in 0..outer {
+        let (mut rest, mut offset) = (o, 0);
+        for axis in (0..rank - 1).rev() {
+            offset += (rest % from[axis]) * strides[axis];
+            rest /= from[axis];
+        }
+        out[offset * size..offset * size + row].copy_from_slice(&tensor.data[o * row..(o + 1) * row]);
+    }
+    out
+}
+
+/// Outcomes of one stage over several modalities: the first failure, else the passes
+/// combined, else the first skip.
+fn merge(mut outcomes: Vec<Outcome>) -> Outcome {
+    if let Some(failed) = outcomes.iter().position(|o| matches!(o, Outcome::Failed(_))) {
+        return outcomes.swap_remove(failed);
+    }
+    let passes: Vec<(f64, f64, &str)> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Passed { max_abs_diff, tolerance, detail } => Some((*max_abs_diff, *tolerance, detail.as_str())),
+            _ => None,
+        })
+        .collect();
+    if let Some(&(_, tolerance, _)) = passes.first() {
+        let max_abs_diff = passes.iter().map(|p| p.0).fold(0.0, f64::max);
+        let detail = passes.iter().map(|p| p.2).collect::<Vec<_>>().join(", ");
+        return Outcome::Passed { max_abs_diff, tolerance, detail };
+    }
+    outcomes.into_iter().next().unwrap_or_else(|| Outcome::Skipped("no media the kit can encode".to_owned()))
+}
+
+/// The items' tensors that the goldens also hold, concatenated along the first axis in item
+/// order (as HF processors batch them).
+fn compare_preprocess(golden: &Golden, items: &[Preprocessed]) -> Outcome {
+    let mut names: Vec<&str> = Vec::new();
+    for t in items.iter().flat_map(|i| i.tensors.iter()) {
+        if !names.contains(&t.spec.name.as_str()) {
+            names.push(t.spec.name.as_str());
+        }
+    }
+    let tol = tolerance("preprocess");
+    let mut worst = 0.0f64;
+    let mut checked = Vec::new();
+    for &name in &names {
+        let Ok(want) = golden.tensor(name) else { continue };
+        let parts: Vec<&Tensor> =
+            items.iter().filter_map(|i| i.tensors.iter().find(|t| t.spec.name.as_str() == name)).collect();
+        let mut shape: Vec<usize> = parts[0].spec.shape.iter().map(|&d| d as usize).collect();
+        if shape.is_empty() {
+            shape.push(1);
+        }
+        shape[0] = parts.iter().map(|t| t.spec.shape.first().copied().unwrap_or(1) as usize).sum();
+        if shape != want.shape {
+            return Outcome::Failed(format!(
+                "`{name}` has shape {shape:?} over all items, the golden {:?}",
+                want.shape
+            ));
+        }
+        let result = match parts[0].spec.dtype {
+            DType::F32 => {
+                let values: Vec<f32> = parts.iter().flat_map(|t| t.to_f32().unwrap_or_default()).collect();
+                golden.check_f32(name, &values, Tolerance::abs(tol))
+            }
+            DType::I64 | DType::I32 | DType::U8 | DType::Bool => {
+                let values: Vec<i64> = parts.iter().flat_map(|t| int_values(t)).collect();
+                golden.check_i64(name, &values)
+            }
+            other => {
+                return Outcome::Failed(format!("`{name}` is {}; the kit compares f32 and integers", other.as_str()));
+            }
+        };
+        match result {
+            Ok(report) => worst = worst.max(report.max_abs_diff),
+            Err(e) => return Outcome::Failed(e.to_string()),
+        }
+        checked.push(format!("`{name}`"));
+    }
+    if checked.is_empty() {
+        let golden_stages: Vec<&str> = golden.stages().collect();
+        return Outcome::Failed(format!(
+            "none of the plugin's tensors ({}) is in the goldens ({})",
+            names.join(", "),
+            golden_stages.join(", ")
+        ));
+    }
+    Outcome::Passed { max_abs_diff: worst, tolerance: tol, detail: checked.join(", ") }
+}
+
+fn compare_positions(golden: &Golden, contract: &PrefillContract) -> Outcome {
+    if !golden.has("position_ids") {
+        return Outcome::Skipped("the goldens have no `position_ids`".to_owned());
+    }
+    let ids = match &contract.positions {
+        Positions::OneD { ids, .. } | Positions::MRope { ids, .. } => ids.to_vec(),
+    };
+    compared(golden.check_i64("position_ids", &ids), String::new())
+}
+
+fn compare_mask(golden: &Golden, contract: &PrefillContract) -> Outcome {
+    let Some(key) = ["attention_mask.full_attention", "attention_mask"].into_iter().find(|k| golden.has(k)) else {
+        return Outcome::Skipped("the goldens have no `attention_mask.full_attention`".to_owned());
+    };
+    let len = contract.positions.len();
+    let attends: Vec<i64> = contract.mask.materialize(len).iter().map(|&v| i64::from(v == 0.0)).collect();
+    compared(golden.check_i64(key, &attends), format!("`{key}`"))
+}
+
+/// Walks the golden ids over the plugin's expanded prompt; the first token whose bytes do not
+/// come next is the divergence.
+fn match_tokens(text: &[u8], ids: &[i64], pieces: &Pieces) -> Result<(), String> {
+    let mut at = 0;
+    for (index, &id) in ids.iter().enumerate() {
+        let piece = pieces.get(id).ok_or_else(|| format!("golden token id {id} is not in tokenizer.json"))?;
+        if !text[at..].starts_with(piece) {
+            let shown = &text[at..text.len().min(at + piece.len().max(16))];
+            return Err(format!(
+                "token {index} of {}: the golden has id {id} {:?}, the plugin's expanded prompt has {:?} at byte {at}",
+                ids.len(),
+                String::from_utf8_lossy(piece),
+                String::from_utf8_lossy(shown)
+            ));
+        }
+        at += piece.len();
+    }
+    if at != text.len() {
+        let rest = &text[at..text.len().min(at + 32)];
+        return Err(format!(
+            "the plugin's expanded prompt continues after the golden's {} tokens with {:?}",
+            ids.len(),
+            String::from_utf8_lossy(rest)
+        ));
+    }
+    Ok(())
+}
+
+fn int_values(tensor: &Tensor) -> Vec<i64> {
+    let data = tensor.data.as_slice();
+    match tensor.spec.dtype {
+        DType::I64 => {
+            data.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect()
+        }
+        DType::I32 => data.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        _ => data.iter().map(|&b| i64::from(b)).collect(),
+    }
+}
+
+fn safetensors_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "F32" => DType::F32,
+        "F16" => DType::F16,
+        "BF16" => DType::BF16,
+        "I32" => DType::I32,
+        "I64" => DType::I64,
+        "U8" => DType::U8,
+        "BOOL" => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn shim_dtype(dtype: DType) -> mlxcel_shim::DType {
+    match dtype {
+        DType::F32 => mlxcel_shim::DType::F32,
+        DType::F16 => mlxcel_shim::DType::F16,
+        DType::BF16 => mlxcel_shim::DType::BF16,
+        DType::I32 => mlxcel_shim::DType::I32,
+        DType::I64 => mlxcel_shim::DType::I64,
+        DType::U8 => mlxcel_shim::DType::U8,
+        DType::Bool => mlxcel_shim::DType::Bool,
+    }
+}
+
+/// Decodes a PNG to 8-bit RGB, dropping alpha as PIL's `convert("RGB")` does.
+fn decode_png(bytes: &[u8]) -> Result<MediaItem> {
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = decoder.read_info().context("cannot decode the png")?;
+    let mut buffer = vec![0; reader.output_buffer_size().context("the png is too large to decode")?];
+    let info = reader.next_frame(&mut buffer).context("cannot decode the png")?;
+    let data = &buffer[..info.buffer_size()];
+    let pixels: Vec<u8> = match info.color_type {
+        png::ColorType::Rgb => data.to_vec(),
+        png::ColorType::Rgba => data.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
+        png::ColorType::Grayscale => data.iter().flat_map(|&g| [g, g, g]).collect(),
+        png::ColorType::GrayscaleAlpha => data.chunks_exact(2).flat_map(|p| [p[0], p[0], p[0]]).collect(),
+        png::ColorType::Indexed => bail!("the png palette was not expanded"),
+    };
+    Ok(MediaItem::Rgb8 { width: info.width, height: info.height, pixels: pixels.into() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_places_each_row_at_the_start_of_the_larger_shape() {
+        let tensor = Tensor::from_f32("x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]).expect("tensor");
+        let padded = pad(&tensor, &[3, 3]);
+        let values: Vec<f32> = padded.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(values, [1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(pad(&tensor, &[2, 2]), tensor.data.to_vec());
+    }
+
+    #[test]
+    fn tokens_match_the_expanded_prompt_or_name_the_first_divergence() {
+        let json = serde_json::json!({
+            "model": {"type": "BPE", "vocab": {"a": 0, "Ġb": 1}},
+            "added_tokens": [{"id": 7, "content": "<img>"}],
+            "decoder": {"type": "ByteLevel"},
+        });
+        let dir = std::env::temp_dir().join(format!("mlxcel-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).expect("write tokenizer");
+        let pieces = Pieces::from_tokenizer_json(&path).expect("pieces");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+
+        assert_eq!(match_tokens(b"a<img><img> b", &[0, 7, 7, 1], &pieces), Ok(()));
+        let short = match_tokens(b"a<img> b", &[0, 7, 7, 1], &pieces).expect_err("one image token too few");
+        assert!(short.starts_with("token 2 of 4: the golden has id 7 \"<img>\""), "{short}");
+        let long = match_tokens(b"a<img><img> b a", &[0, 7, 7, 1], &pieces).expect_err("text left over");
+        assert!(long.contains("continues after the golden's 4 tokens"), "{long}");
+    }
+}
