@@ -12,7 +12,7 @@ use mlxcel_shim::{
 
 use super::{
     config::{ConfigError, TextConfig},
-    graph::{self, BundleShape},
+    graph::{self, BundleShape, WeightNames},
 };
 
 /// What a bundle is compiled for.
@@ -48,6 +48,12 @@ pub enum DecoderError {
     CapacityExceeded { used: usize, adding: usize, capacity: usize },
     #[error("invalid prefill embeddings: {0}")]
     Embeddings(String),
+    #[error("invalid positions: {0}")]
+    Positions(String),
+    #[error("the compiled bundle lacks exports: {0}")]
+    MissingExports(String),
+    #[error("the checkpoint has no {0}")]
+    MissingWeights(String),
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("token id {token} is outside the vocabulary of {vocab}")]
@@ -66,6 +72,9 @@ pub struct Decoder {
     session: Session,
     /// Cache rows in use per slot.
     lens: Vec<usize>,
+    /// Per slot: decode position minus cache row (M-RoPE's `rope_deltas`;
+    /// 0 for plain prompts).
+    deltas: Vec<i64>,
     outcome: CacheOutcome,
 }
 
@@ -85,8 +94,9 @@ impl Decoder {
             return Err(DecoderError::BadShape { capacity: shape.capacity, chunk: shape.chunk });
         }
         let checkpoint = Checkpoint::open(dir)?;
-        let weights = weight_dtype(&checkpoint, &options.contract)?;
-        let mlir = graph::emit(&config, shape, options.contract, weights)?;
+        let names = weight_names(&checkpoint, &config)?;
+        let weights = weight_dtype(&checkpoint, &names, &options.contract)?;
+        let mlir = graph::emit(&config, &names, shape, options.contract, weights)?;
         // For inspecting what the compiler is given.
         if let Some(dir) = std::env::var_os("MLXCEL_DUMP_MLIR") {
             let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.arch.name()));
@@ -109,7 +119,12 @@ impl Decoder {
         let (artifact, outcome) = cache.get_or_compile(compiler, &request)?;
         let params = Parameters::new("model", checkpoint)?;
         let session = Session::new(device, Some(&params), &[&artifact])?;
-        Ok(Decoder { lens: vec![0; shape.slots], config, options, session, outcome })
+        let missing: Vec<&str> =
+            EXPORTS.iter().copied().filter(|name| session.function(&format!("decoder.{name}")).is_err()).collect();
+        if !missing.is_empty() {
+            return Err(DecoderError::MissingExports(missing.join(", ")));
+        }
+        Ok(Decoder { lens: vec![0; shape.slots], deltas: vec![0; shape.slots], config, options, session, outcome })
     }
 
     pub fn config(&self) -> &TextConfig {
@@ -134,6 +149,7 @@ impl Decoder {
     pub fn release(&mut self, slot: usize) -> Result<(), DecoderError> {
         self.check_slot(slot)?;
         self.lens[slot] = 0;
+        self.deltas[slot] = 0;
         Ok(())
     }
 
@@ -156,13 +172,19 @@ impl Decoder {
     pub fn prefill_tokens(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<f32>, DecoderError> {
         self.check_tokens(tokens)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.prefill(slot, Prefill::Tokens(&ids))
+        self.prefill(slot, Prefill::Tokens(&ids), &Positions::Sequential)
     }
 
     /// Prefills `slot` from prepared embeddings `[n, hidden]` in the bundle's
     /// activation dtype (for example text embeddings with image features
-    /// merged in), at positions `0..n`. Returns the logits of every row.
-    pub fn prefill_embeddings(&mut self, slot: usize, embeddings: &HostTensor) -> Result<Vec<f32>, DecoderError> {
+    /// merged in) at the given positions. Decoding continues from the
+    /// largest position plus one. Returns the logits of every row.
+    pub fn prefill_embeddings(
+        &mut self,
+        slot: usize,
+        embeddings: &HostTensor,
+        positions: &Positions,
+    ) -> Result<Vec<f32>, DecoderError> {
         let want = self.options.contract.activations;
         let (h, shape) = (self.config.hidden, embeddings.shape());
         if Some(embeddings.dtype()) != runtime_dtype(want) {
@@ -171,7 +193,7 @@ impl Decoder {
         if shape.len() != 2 || shape[1] != h {
             return Err(DecoderError::Embeddings(format!("shape is {shape:?}, the bundle takes [n, {h}]")));
         }
-        self.prefill(slot, Prefill::Embeddings(embeddings))
+        self.prefill(slot, Prefill::Embeddings(embeddings), positions)
     }
 
     /// Embeds tokens with the checkpoint's embedding table: `[n, hidden]`.
@@ -203,6 +225,43 @@ impl Decoder {
         Ok(all.chunks_exact(cap * row).flat_map(|block| block[..len * row].iter().copied()).collect())
     }
 
+    /// The position streams the graph takes for `n` rows: one, or three for
+    /// M-RoPE (1-D positions then drive all three, as for text).
+    fn streams(&self, positions: &Positions, n: usize) -> Result<Vec<Vec<i32>>, DecoderError> {
+        let one = match positions {
+            Positions::Sequential => (0..n as i32).collect(),
+            Positions::OneD(p) => p.clone(),
+            Positions::MRope(three) => {
+                if self.config.mrope.is_none() {
+                    return Err(DecoderError::Positions("three position streams for a decoder without M-RoPE".into()));
+                }
+                if three.iter().any(|s| s.len() != n) {
+                    return Err(DecoderError::Positions(format!(
+                        "streams of {:?} rows for {n} embeddings",
+                        three.each_ref().map(Vec::len)
+                    )));
+                }
+                return Ok(three.to_vec());
+            }
+        };
+        if one.len() != n {
+            return Err(DecoderError::Positions(format!("{} positions for {n} rows", one.len())));
+        }
+        if one.iter().any(|&p| p < 0) {
+            return Err(DecoderError::Positions("negative position".into()));
+        }
+        Ok(if self.config.mrope.is_some() { vec![one.clone(), one.clone(), one] } else { vec![one] })
+    }
+
+    /// Decode positions `[S]` or, for M-RoPE, `[3, S]` with equal streams.
+    fn decode_positions(&self, pos: &[i32]) -> Result<HostTensor, DecoderError> {
+        Ok(if self.config.mrope.is_some() {
+            HostTensor::from_slice(vec![3, pos.len()], &pos.repeat(3))?
+        } else {
+            HostTensor::from_slice(vec![pos.len()], pos)?
+        })
+    }
+
     /// The additive masks `[K, rows, C]`, one per attention kind in use:
     /// row r is the query at cache position `queries[r]` and sees the rows
     /// its layer kind allows (causal; within the window for sliding layers).
@@ -225,7 +284,7 @@ impl Decoder {
         Ok(HostTensor::from_slice(vec![kinds.len(), rows, capacity], &mask)?)
     }
 
-    fn prefill(&mut self, slot: usize, input: Prefill<'_>) -> Result<Vec<f32>, DecoderError> {
+    fn prefill(&mut self, slot: usize, input: Prefill<'_>, positions: &Positions) -> Result<Vec<f32>, DecoderError> {
         self.check_slot(slot)?;
         let BundleShape { chunk, capacity, .. } = self.options.shape;
         let n = match input {
@@ -238,9 +297,12 @@ impl Decoder {
         if n > capacity {
             return Err(DecoderError::CapacityExceeded { used: 0, adding: n, capacity });
         }
+        let streams = self.streams(positions, n)?;
+        let next = streams.iter().flatten().copied().max().map_or(0, |m| i64::from(m) + 1);
         let vocab = self.config.vocab;
         let mut logits = Vec::with_capacity(n * vocab);
         self.lens[slot] = 0;
+        self.deltas[slot] = next - n as i64;
         for start in (0..n).step_by(chunk) {
             let real = chunk.min(n - start);
             let first = match input {
@@ -256,10 +318,10 @@ impl Decoder {
                     HostTensor::from_bytes(x.dtype(), vec![chunk, self.config.hidden], part)?
                 }
             };
-            let pos: Vec<i32> = (start..start + chunk).map(|p| p as i32).collect();
+            let pos = chunk_positions(&streams, start, real, chunk)?;
             let args = [
                 first,
-                HostTensor::from_slice(vec![chunk], &pos)?,
+                pos,
                 self.masks(&(start..start + chunk).collect::<Vec<_>>())?,
                 HostTensor::scalar(slot as i32),
                 HostTensor::scalar(start as i32),
@@ -290,12 +352,15 @@ impl Decoder {
         let mut ids = vec![0i32; slots];
         let mut pos = vec![0i32; slots];
         let mut write = vec![0i32; slots];
+        for &(slot, _) in steps {
+            let at = self.lens[slot] as i64 + self.deltas[slot];
+            pos[slot] =
+                i32::try_from(at).map_err(|_| DecoderError::Positions(format!("position {at} overflows i32")))?;
+        }
         // Idle slots write a junk row at their current end, which the next
         // prefill or decode of that slot overwrites before it is visible.
-        for s in 0..slots {
-            let at = self.lens[s].min(capacity - 1);
-            write[s] = at as i32;
-            pos[s] = at as i32;
+        for (w, &len) in write.iter_mut().zip(&self.lens) {
+            *w = len.min(capacity - 1) as i32;
         }
         for &(slot, token) in steps {
             ids[slot] = token as i32;
@@ -304,7 +369,7 @@ impl Decoder {
         let mask = self.masks(&queries)?;
         let args = [
             HostTensor::from_slice(vec![slots], &ids)?,
-            HostTensor::from_slice(vec![slots], &pos)?,
+            self.decode_positions(&pos)?,
             HostTensor::from_slice(vec![slots], &write)?,
             mask,
         ];
@@ -339,18 +404,58 @@ enum Prefill<'a> {
     Embeddings(&'a HostTensor),
 }
 
-/// The dtype the checkpoint stores weights in, which must be the
-/// contract's activation dtype (f32 checkpoints run the f32 contract).
-fn weight_dtype(ckpt: &Checkpoint, contract: &NumericContract) -> Result<Elem, DecoderError> {
+/// The exports every bundle has; checked after loading.
+const EXPORTS: [&str; 5] = ["embed", "prefill_tokens", "prefill_embeddings", "decode", "kv_slot"];
+
+/// Finds the decoder's weights in a text or VLM checkpoint.
+fn weight_names(ckpt: &Checkpoint, config: &TextConfig) -> Result<WeightNames, DecoderError> {
+    let prefix = ["model.", "model.language_model.", "language_model.model.", ""]
+        .into_iter()
+        .find(|p| ckpt.get(&format!("{p}embed_tokens.weight")).is_some())
+        .ok_or_else(|| DecoderError::MissingWeights("embed_tokens.weight under any known prefix".into()))?;
+    let lm_head = if config.tied_embeddings {
+        None
+    } else {
+        let key = ["lm_head.weight", "language_model.lm_head.weight"]
+            .into_iter()
+            .find(|k| ckpt.get(k).is_some())
+            .ok_or_else(|| DecoderError::MissingWeights("lm_head.weight (and the embeddings are not tied)".into()))?;
+        Some(key.to_owned())
+    };
+    Ok(WeightNames { prefix: prefix.to_owned(), lm_head })
+}
+
+/// The dtype the checkpoint stores the decoder's weights in, which must be
+/// the contract's activation dtype (f32 checkpoints run the f32 contract).
+fn weight_dtype(ckpt: &Checkpoint, names: &WeightNames, contract: &NumericContract) -> Result<Elem, DecoderError> {
     let want = contract.activations;
-    for (key, entry) in ckpt.tensors() {
-        if Elem::from_safetensors(&entry.dtype) != Some(want) {
-            return Err(DecoderError::WeightDtype {
-                key: key.clone(),
-                found: entry.dtype.clone(),
-                want: want.to_string(),
-            });
-        }
+    let key = format!("{}embed_tokens.weight", names.prefix);
+    let found = ckpt.get(&key).map(|e| e.dtype.clone()).unwrap_or_default();
+    if Elem::from_safetensors(&found) != Some(want) {
+        return Err(DecoderError::WeightDtype { key, found, want: want.to_string() });
     }
     Ok(want)
+}
+
+/// Where prompt rows sit in position space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Positions {
+    /// `0..n`.
+    Sequential,
+    /// One position per row (1-D rotary).
+    OneD(Vec<i32>),
+    /// Temporal, height and width positions per row (M-RoPE).
+    MRope([Vec<i32>; 3]),
+}
+
+/// Chunk `start..start + real` of the position streams, padded to `chunk`
+/// with zeros: `[chunk]` or `[3, chunk]`.
+fn chunk_positions(streams: &[Vec<i32>], start: usize, real: usize, chunk: usize) -> Result<HostTensor, DecoderError> {
+    let mut flat = Vec::with_capacity(streams.len() * chunk);
+    for s in streams {
+        flat.extend_from_slice(&s[start..start + real]);
+        flat.resize(flat.len() + chunk - real, 0);
+    }
+    let shape = if streams.len() == 3 { vec![3, chunk] } else { vec![chunk] };
+    Ok(HostTensor::from_slice(shape, &flat)?)
 }

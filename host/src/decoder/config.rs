@@ -97,6 +97,9 @@ struct RawRope {
     low_freq_factor: Option<f64>,
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<f64>,
+    mrope_section: Option<Vec<usize>>,
+    #[serde(default)]
+    mrope_interleaved: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -137,6 +140,37 @@ struct RawConfig {
     use_bidirectional_attention: bool,
 }
 
+/// Multimodal rotary embedding (Qwen2-VL family): three position streams
+/// (temporal, height, width) share the rotary dimensions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MRope {
+    /// Rotary pairs per stream; sums to head_dim / 2.
+    pub section: [usize; 3],
+    /// Qwen3-VL interleaves the streams (t h w t h w ...) instead of giving
+    /// each a contiguous run of pairs.
+    pub interleaved: bool,
+}
+
+impl MRope {
+    /// Which stream drives rotary pair `j` (0-based, of head_dim / 2).
+    pub fn stream(&self, j: usize) -> usize {
+        let [t, h, w] = self.section;
+        if self.interleaved {
+            match j % 3 {
+                1 if j < 3 * h => 1,
+                2 if j < 3 * w => 2,
+                _ => 0,
+            }
+        } else if j < t {
+            0
+        } else if j < t + h {
+            1
+        } else {
+            2
+        }
+    }
+}
+
 /// A decoder configuration, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextConfig {
@@ -166,6 +200,8 @@ pub struct TextConfig {
     pub sliding_window: Option<usize>,
     /// The rotary embedding of each attention kind in use.
     pub rope: BTreeMap<LayerKind, Rope>,
+    /// Three-stream positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+    pub mrope: Option<MRope>,
 }
 
 /// Why a config cannot be served.
@@ -212,13 +248,27 @@ impl TextConfig {
         })
     }
 
+    /// Parses a text model's config, or a VLM's (its `text_config`, with the
+    /// root's `tie_word_embeddings` where the text config has none).
     pub fn parse(json: &str) -> Result<Self, ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid { path: "config.json".into(), reason };
-        let raw: RawConfig = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+        let mut root: serde_json::Value = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+        let value = match root.get_mut("text_config").map(serde_json::Value::take) {
+            Some(mut text) => {
+                if text.get("tie_word_embeddings").is_none_or(serde_json::Value::is_null)
+                    && let Some(tie) = root.get("tie_word_embeddings")
+                {
+                    text["tie_word_embeddings"] = tie.clone();
+                }
+                text
+            }
+            None => root,
+        };
+        let raw: RawConfig = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         let arch = match raw.model_type.as_str() {
             "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
+            "qwen2" | "qwen2_vl_text" | "qwen2_5_vl_text" => Arch::Qwen2,
+            "qwen3" | "qwen3_vl_text" => Arch::Qwen3,
             "gemma3_text" => Arch::Gemma3Text,
             other => return Err(ConfigError::Unsupported(other.to_owned())),
         };
@@ -291,6 +341,22 @@ impl TextConfig {
         if !head_dim.is_multiple_of(2) {
             return Err(invalid(format!("head_dim {head_dim} is odd; rotary embedding needs pairs")));
         }
+        let mrope = match &raw.rope_parameters {
+            Some(RawRopeParameters::Flat(RawRope { mrope_section: Some(sec), mrope_interleaved, .. })) => {
+                let section: [usize; 3] = sec
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| invalid(format!("mrope_section {sec:?} is not 3 numbers")))?;
+                if section.iter().sum::<usize>() != head_dim / 2 {
+                    return Err(invalid(format!(
+                        "mrope_section {sec:?} does not sum to head_dim / 2 = {}",
+                        head_dim / 2
+                    )));
+                }
+                Some(MRope { section, interleaved: *mrope_interleaved })
+            }
+            _ => None,
+        };
         let attn_scale = match (gemma, raw.query_pre_attn_scalar) {
             (true, Some(s)) => s.powf(-0.5),
             (true, None) => return Err(invalid("gemma3_text needs query_pre_attn_scalar".into())),
@@ -319,6 +385,7 @@ impl TextConfig {
             layer_kinds,
             sliding_window,
             rope,
+            mrope,
         })
     }
 

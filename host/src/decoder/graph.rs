@@ -53,6 +53,17 @@ struct Weights {
     lm_head: Global,
 }
 
+/// Where a checkpoint keeps the decoder's weights: text models use
+/// `model.`, VLM checkpoints `model.language_model.` or
+/// `language_model.model.`; the LM head may be tied to the embeddings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightNames {
+    /// Prefix of `embed_tokens.weight`, `layers.N.*` and `norm.weight`.
+    pub prefix: String,
+    /// The LM head's key, or `None` when tied to the embeddings.
+    pub lm_head: Option<String>,
+}
+
 /// Which cache slots the rows of a call use.
 enum Slots {
     /// One slot (runtime index) for every row: prefill.
@@ -72,6 +83,7 @@ struct Emitter<'a> {
 /// Emits the bundle module for `cfg`.
 pub fn emit(
     cfg: &TextConfig,
+    names: &WeightNames,
     shape: BundleShape,
     contract: NumericContract,
     weights: Elem,
@@ -79,10 +91,11 @@ pub fn emit(
     let mut m = Module::new("decoder");
     let p = |m: &mut Module, key: String, shape: &[usize]| m.param(&key, Type::new(weights, shape));
     let (h, d) = (cfg.hidden, cfg.head_dim);
-    let embed = p(&mut m, "model.embed_tokens.weight".into(), &[cfg.vocab, h]);
+    let prefix = &names.prefix;
+    let embed = p(&mut m, format!("{prefix}embed_tokens.weight"), &[cfg.vocab, h]);
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
-        let n = |s: &str| format!("model.layers.{i}.{s}");
+        let n = |s: &str| format!("{prefix}layers.{i}.{s}");
         layers.push(Layer {
             ln1: p(&mut m, n("input_layernorm.weight"), &[h]),
             q: p(&mut m, n("self_attn.q_proj.weight"), &[cfg.heads * d, h]),
@@ -111,8 +124,11 @@ pub fn emit(
             down: p(&mut m, n("mlp.down_proj.weight"), &[h, cfg.intermediate]),
         });
     }
-    let norm = p(&mut m, "model.norm.weight".into(), &[h]);
-    let lm_head = if cfg.tied_embeddings { embed.clone() } else { p(&mut m, "lm_head.weight".into(), &[cfg.vocab, h]) };
+    let norm = p(&mut m, format!("{prefix}norm.weight"), &[h]);
+    let lm_head = match &names.lm_head {
+        Some(key) => p(&mut m, key.clone(), &[cfg.vocab, h]),
+        None => embed.clone(),
+    };
     let cache_ty = Type::new(contract.activations, &[cfg.layers, 2, shape.slots, shape.capacity, cfg.kv_heads, d]);
     let cache = m.state("kv", cache_ty, 0.0);
     let e = Emitter { cfg, shape, c: contract, w: Weights { embed, layers, norm, lm_head }, cache };
@@ -121,6 +137,9 @@ pub fn emit(
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
     let scalar = Type::scalar(Elem::I32);
     let kinds = cfg.kinds().len();
+    // Positions: one stream, or three (t, h, w) for M-RoPE.
+    let streams = if cfg.mrope.is_some() { 3 } else { 1 };
+    let pos_ty = |n: usize| if streams == 3 { Type::new(Elem::I32, &[3, n]) } else { Type::new(Elem::I32, &[n]) };
     let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, cap]);
 
     // embed
@@ -130,13 +149,13 @@ pub fn emit(
 
     // prefill_embeddings
     let (mut f, a) =
-        m.func("prefill_embeddings", &[contract.act(&[t, h]), i32s(t), mask(t), scalar.clone(), scalar.clone()]);
+        m.func("prefill_embeddings", &[contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()]);
     let x = f.reshape(&a[0], &[1, t, h]);
     let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()]);
     m.add_func(f, &[logits]);
 
     // prefill_tokens
-    let (mut f, a) = m.func("prefill_tokens", &[i32s(t), i32s(t), mask(t), scalar.clone(), scalar]);
+    let (mut f, a) = m.func("prefill_tokens", &[i32s(t), pos_ty(t), mask(t), scalar.clone(), scalar]);
     let x = e.embed(&mut f, &a[0]);
     let x = f.reshape(&x, &[1, t, h]);
     let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()]);
@@ -152,7 +171,7 @@ pub fn emit(
     m.add_func(f, &[one]);
 
     // decode: row b is slot b, one token each.
-    let (mut f, a) = m.func("decode", &[i32s(s), i32s(s), i32s(s), mask(s)]);
+    let (mut f, a) = m.func("decode", &[i32s(s), pos_ty(s), i32s(s), mask(s)]);
     let x = e.embed(&mut f, &a[0]);
     let x = f.reshape(&x, &[s, 1, h]);
     let writes: Vec<Value> = (0..s)
@@ -217,11 +236,38 @@ impl Emitter<'_> {
         f.convert(&logits, Elem::F32)
     }
 
-    /// cos/sin `[B, T, D]` from positions, as transformers' default rotary
-    /// embedding: `freqs = pos * inv_freq`, duplicated over both halves.
+    /// cos/sin `[B, T, D]` from positions, as transformers' rotary
+    /// embedding: `freqs = pos * inv_freq`, duplicated over both halves. With
+    /// M-RoPE each rotary pair takes its frequency from its stream's position.
     fn rope_tables(&self, f: &mut Func, kind: LayerKind, pos: &Value, b: usize, t: usize) -> (Value, Value) {
         let d = self.cfg.head_dim;
         let inv = self.cfg.inv_freq(kind);
+        if let Some(mrope) = &self.cfg.mrope {
+            let half = d / 2;
+            let inv = f.constant_f32(&[half], &inv);
+            let ib = f.broadcast(&inv, &[b, t, half], &[2]);
+            let p = f.convert(pos, Elem::F32);
+            let mut freqs: Option<Value> = None;
+            for stream in 0..3 {
+                let ps = f.slice(&p, &[stream, 0], &[stream + 1, b * t]);
+                let ps = f.reshape(&ps, &[b, t]);
+                let pb = f.broadcast(&ps, &[b, t, half], &[0, 1]);
+                let fs = f.mul(&pb, &ib);
+                // Exact selection: x * 1 + y * 0 + z * 0 is x for finite y, z.
+                let onehot: Vec<f32> = (0..half).map(|j| if mrope.stream(j) == stream { 1.0 } else { 0.0 }).collect();
+                let oh = f.constant_f32(&[half], &onehot);
+                let ohb = f.broadcast(&oh, &[b, t, half], &[2]);
+                let picked = f.mul(&fs, &ohb);
+                freqs = Some(match freqs {
+                    Some(acc) => f.add(&acc, &picked),
+                    None => picked,
+                });
+            }
+            let freqs = freqs.expect("invariant: three streams");
+            let freqs = f.concat(&[freqs.clone(), freqs], 2);
+            let (cos, sin) = (f.cos(&freqs), f.sin(&freqs));
+            return (f.convert(&cos, self.c.activations), f.convert(&sin, self.c.activations));
+        }
         let mut both = inv.clone();
         both.extend_from_slice(&inv);
         let inv = f.constant_f32(&[d], &both);

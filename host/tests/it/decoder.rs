@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions};
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions, Positions};
 use mlxcel_shim::{CompileCache, Compiler, Device, Driver};
 
 fn fixture(name: &str) -> PathBuf {
@@ -16,6 +16,10 @@ struct Golden {
     greedy: Vec<u32>,
     logits: Vec<f32>,
     decode_logits: Vec<f32>,
+    /// The merged embeddings the reference fed its decoder, `[n, hidden]`.
+    inputs_embeds: Vec<f32>,
+    /// `[n]` or `[3, n]`.
+    positions: Positions,
 }
 
 fn golden(name: &str, variant: &str) -> Golden {
@@ -31,11 +35,20 @@ fn golden(name: &str, variant: &str) -> Golden {
     let f32s = |k: &str| -> Vec<f32> {
         st.tensor(k).expect(k).data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     };
+    let pos = st.tensor("position_ids").expect("position_ids");
+    let flat: Vec<i32> =
+        pos.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) as i32).collect();
+    let positions = match pos.shape() {
+        [3, n] => Positions::MRope([flat[..*n].to_vec(), flat[*n..2 * n].to_vec(), flat[2 * n..].to_vec()]),
+        _ => Positions::OneD(flat),
+    };
     Golden {
         input_ids: ids("input_ids"),
         greedy: ids("greedy_tokens"),
         logits: f32s("logits"),
         decode_logits: f32s("decode_logits"),
+        inputs_embeds: f32s("inputs_embeds"),
+        positions,
     }
 }
 
@@ -71,9 +84,31 @@ fn argmax(xs: &[f32]) -> u32 {
         as u32
 }
 
+/// What a parity run prefills from.
+#[derive(Clone, Copy, Debug)]
+enum From {
+    /// The prompt's token ids.
+    Tokens,
+    /// The reference's merged embeddings and positions (image features
+    /// already in place), as a family plugin's contract would hand them over.
+    Embeddings,
+}
+
+fn prefill(dec: &mut Decoder, slot: usize, g: &Golden, from: From) -> Vec<f32> {
+    match from {
+        From::Tokens => dec.prefill_tokens(slot, &g.input_ids).expect("prefill tokens"),
+        From::Embeddings => {
+            let n = g.input_ids.len();
+            let x = mlxcel_shim::HostTensor::from_slice(vec![n, dec.config().hidden], &g.inputs_embeds).expect("x");
+            dec.prefill_embeddings(slot, &x, &g.positions).expect("prefill embeddings")
+        }
+    }
+}
+
 /// Prefill then greedy decode in `slot`; returns (prompt logits, tokens, decode logits).
-fn run(dec: &mut Decoder, slot: usize, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
-    let logits = dec.prefill_tokens(slot, prompt).expect("prefill");
+fn run(dec: &mut Decoder, slot: usize, g: &Golden, from: From) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+    let n = g.greedy.len();
+    let logits = prefill(dec, slot, g, from);
     let vocab = dec.config().vocab;
     let mut next = argmax(&logits[logits.len() - vocab..]);
     let (mut tokens, mut dlogits) = (vec![next], Vec::new());
@@ -86,11 +121,11 @@ fn run(dec: &mut Decoder, slot: usize, prompt: &[u32], n: usize) -> (Vec<f32>, V
     (logits, tokens, dlogits)
 }
 
-fn check_parity(name: &str) {
+fn check_parity(name: &str, variants: &[&str], from: From) {
     let mut dec = load(name, SHAPE);
-    for variant in ["short", "long"] {
+    for &variant in variants {
         let g = golden(name, variant);
-        let (logits, tokens, dlogits) = run(&mut dec, 0, &g.input_ids, g.greedy.len());
+        let (logits, tokens, dlogits) = run(&mut dec, 0, &g, from);
         assert_close(&format!("{name}/{variant} logits"), &logits, &g.logits, 1e-4);
         assert_eq!(tokens, g.greedy, "{name}/{variant}: greedy tokens");
         let vocab = dec.config().vocab;
@@ -107,22 +142,49 @@ fn check_parity(name: &str) {
 
 #[test]
 fn qwen2_matches_transformers() {
-    check_parity("qwen2");
+    check_parity("qwen2", &["short", "long"], From::Tokens);
 }
 
 #[test]
 fn llama_matches_transformers() {
-    check_parity("llama");
+    check_parity("llama", &["short", "long"], From::Tokens);
 }
 
 #[test]
 fn qwen3_matches_transformers() {
-    check_parity("qwen3");
+    check_parity("qwen3", &["short", "long"], From::Tokens);
+}
+
+/// The VLM checkpoints' decoders, fed the reference's merged embeddings and
+/// positions: M-RoPE (t, h, w) positions with rope deltas carried into
+/// decode for the Qwen-VL families, 1-D for LLaVA.
+#[test]
+fn qwen2_vl_decoder_matches_transformers() {
+    check_parity("qwen2_vl", &["text_only"], From::Tokens);
+    check_parity("qwen2_vl", &["image", "two_images", "long", "text_only"], From::Embeddings);
+}
+
+#[test]
+fn qwen2_5_vl_decoder_matches_transformers() {
+    check_parity("qwen2_5_vl", &["image", "two_images", "long", "text_only"], From::Embeddings);
+}
+
+#[test]
+fn llava_decoder_matches_transformers() {
+    check_parity("llava", &["text_only"], From::Tokens);
+    check_parity("llava", &["image", "two_images", "long"], From::Embeddings);
+}
+
+/// Qwen3-VL's interleaved M-RoPE; image prompts also need DeepStack
+/// injections, which the decoder does not take yet.
+#[test]
+fn qwen3_vl_decoder_matches_transformers_on_text() {
+    check_parity("qwen3_vl", &["text_only"], From::Tokens);
 }
 
 #[test]
 fn gemma3_text_matches_transformers() {
-    check_parity("gemma3_text");
+    check_parity("gemma3_text", &["short", "long"], From::Tokens);
 }
 
 /// The host's per-kind visibility is exactly the reference's masks (the
@@ -165,7 +227,7 @@ fn two_slots_decode_together_as_each_alone() {
 
     // A reused slot gives what a fresh one gives.
     dec.release(1).expect("release");
-    let (_, again, _) = run(&mut dec, 1, &a.input_ids, a.greedy.len());
+    let (_, again, _) = run(&mut dec, 1, &a, From::Tokens);
     assert_eq!(again, a.greedy, "reused slot");
 }
 
@@ -199,7 +261,7 @@ fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
     let from_tokens = dec.prefill_tokens(0, &g.input_ids).expect("prefill tokens");
     let x = dec.embed(&g.input_ids).expect("embed");
     assert_eq!(x.shape(), &[g.input_ids.len(), dec.config().hidden]);
-    let from_embeddings = dec.prefill_embeddings(1, &x).expect("prefill embeddings");
+    let from_embeddings = dec.prefill_embeddings(1, &x, &Positions::Sequential).expect("prefill embeddings");
     assert_eq!(from_tokens, from_embeddings, "logits");
     assert_eq!(dec.len(0), dec.len(1));
     let (k0, k1) = (dec.kv_slot(0).expect("kv 0"), dec.kv_slot(1).expect("kv 1"));
@@ -209,7 +271,12 @@ fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
 
     // Wrong dtype or hidden size is refused before any native call.
     let ints = mlxcel_shim::HostTensor::from_slice(vec![2, 64], &[0i32; 128]).expect("tensor");
-    assert!(matches!(dec.prefill_embeddings(1, &ints), Err(DecoderError::Embeddings(_))));
+    assert!(matches!(dec.prefill_embeddings(1, &ints, &Positions::Sequential), Err(DecoderError::Embeddings(_))));
     let narrow = mlxcel_shim::HostTensor::from_slice(vec![2, 63], &[0f32; 126]).expect("tensor");
-    assert!(matches!(dec.prefill_embeddings(1, &narrow), Err(DecoderError::Embeddings(_))));
+    assert!(matches!(dec.prefill_embeddings(1, &narrow, &Positions::Sequential), Err(DecoderError::Embeddings(_))));
+    let x = dec.embed(&g.input_ids[..4]).expect("embed");
+    let short = Positions::OneD(vec![0, 1, 2]);
+    assert!(matches!(dec.prefill_embeddings(1, &x, &short), Err(DecoderError::Positions(_))));
+    let three = Positions::MRope([vec![0; 4], vec![0; 4], vec![0; 4]]);
+    assert!(matches!(dec.prefill_embeddings(1, &x, &three), Err(DecoderError::Positions(_))), "qwen3 has no M-RoPE");
 }
