@@ -136,54 +136,58 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut impl RngCore) -
     }
     check_logits(logits)?;
     let t = f64::from(params.temperature);
-    // Candidates by descending logit, ties by ascending id; -inf never qualifies.
-    let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY).collect();
-    if order.is_empty() {
-        return Err(SamplingError::NoCandidate);
-    }
+    // -inf (masked) never qualifies.
+    let mut ids: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY).collect();
+    // Descending logit, ties by ascending id.
     let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
-    if params.top_k > 0 && params.top_k < order.len() {
-        order.select_nth_unstable_by(params.top_k - 1, by_logit);
-        order.truncate(params.top_k);
+    if params.top_k > 0 && params.top_k < ids.len() {
+        ids.select_nth_unstable_by(params.top_k - 1, by_logit);
+        ids.truncate(params.top_k);
     }
-    order.sort_unstable_by(by_logit);
+    // Only top-p needs the candidates in order; without it they stay in id
+    // order (after top-k, in selection order), which spares sorting the
+    // whole vocabulary on every step.
+    if params.top_p < 1.0 {
+        ids.sort_unstable_by(by_logit);
+    }
+    let Some(max) = ids.iter().map(|&i| logits[i as usize]).reduce(f32::max) else {
+        return Err(SamplingError::NoCandidate);
+    };
 
-    // Softmax of logits / temperature over the candidates, in f64.
-    let max = f64::from(logits[order[0] as usize]) / t;
-    let mut probs: Vec<f64> = order.iter().map(|&i| (f64::from(logits[i as usize]) / t - max).exp()).collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
-
+    // Softmax numerators of logits / temperature; the most likely is exactly 1.
+    let max = f64::from(max) / t;
+    let mut weights: Vec<f64> = ids.iter().map(|&i| (f64::from(logits[i as usize]) / t - max).exp()).collect();
     if params.top_p < 1.0 {
         // The smallest prefix whose mass reaches top_p (at least one token).
+        let target = f64::from(params.top_p) * weights.iter().sum::<f64>();
         let mut mass = 0.0;
-        let mut keep = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            mass += p;
-            if mass >= f64::from(params.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        probs.truncate(keep);
+        let keep = weights.iter().position(|w| {
+            mass += w;
+            mass >= target
+        });
+        let keep = keep.map_or(weights.len(), |i| i + 1);
+        ids.truncate(keep);
+        weights.truncate(keep);
     }
     if params.min_p > 0.0 {
-        // Relative to the most likely survivor, after renormalising (as transformers).
-        let floor = f64::from(params.min_p) * probs[0];
-        let keep = probs.iter().take_while(|&&p| p >= floor).count().max(1);
-        probs.truncate(keep);
+        // Relative to the most likely survivor, whose weight is 1 (transformers
+        // compares renormalised probabilities: the same ratio).
+        let floor = f64::from(params.min_p);
+        let mut kept = weights.iter().map(|&w| w >= floor);
+        ids.retain(|_| kept.next().unwrap_or(false));
+        weights.retain(|&w| w >= floor);
     }
 
-    let total: f64 = probs.iter().sum();
+    let total: f64 = weights.iter().sum();
     let mut u = unit_f64(rng) * total;
-    for (i, p) in probs.iter().enumerate() {
-        if u < *p {
-            return Ok(order[i]);
+    for (id, w) in ids.iter().zip(&weights) {
+        if u < *w {
+            return Ok(*id);
         }
-        u -= p;
+        u -= w;
     }
     // Rounding left `u` a hair above the last bucket.
-    Ok(order[probs.len() - 1])
+    ids.last().copied().ok_or(SamplingError::NoCandidate)
 }
 
 fn check_logits(logits: &[f32]) -> Result<(), SamplingError> {
@@ -283,6 +287,30 @@ mod tests {
         assert_eq!(support(params(1.0, 0, 1.0, 0.25), &l), vec![1, 2]);
         assert_eq!(support(params(1.0, 0, 1.0, 0.1), &l), vec![0, 1, 2]);
         assert_eq!(support(params(1.0, 0, 1.0, 1.0), &l), vec![1]);
+    }
+
+    #[test]
+    fn frequencies_follow_the_filtered_distribution() {
+        let l = [0.2f32.ln(), 0.5f32.ln(), 0.3f32.ln()];
+        let n = 40_000;
+        let roots = [0.2f64.sqrt(), 0.5f64.sqrt(), 0.3f64.sqrt()];
+        let root_sum: f64 = roots.iter().sum();
+        for (p, want) in [
+            (params(1.0, 0, 1.0, 0.0), [0.2, 0.5, 0.3]),
+            // Temperature 2 takes square roots before renormalising.
+            (params(2.0, 0, 1.0, 0.0), roots.map(|x| x / root_sum)),
+            (params(1.0, 2, 1.0, 0.0), [0.0, 0.625, 0.375]),
+            (params(1.0, 0, 0.7, 0.0), [0.0, 0.625, 0.375]),
+            (params(1.0, 0, 1.0, 0.5), [0.0, 0.625, 0.375]),
+        ] {
+            let mut counts = [0usize; 3];
+            for t in draws(p, 11, &l, n) {
+                counts[t as usize] += 1;
+            }
+            for (c, w) in counts.iter().zip(want) {
+                assert!((*c as f64 / n as f64 - w).abs() < 0.015, "{p:?}: counts {counts:?}, want {want:?}");
+            }
+        }
     }
 
     #[test]
