@@ -10,7 +10,7 @@ mod tokenizer;
 use std::path::{Path, PathBuf};
 
 pub use stop::stop_tokens;
-pub use template::{ChatTemplate, Message};
+pub use template::{ChatTemplate, Content, Message, Part};
 pub use tokenizer::{Detokenizer, Tokenizer};
 
 /// Errors reading or applying a checkpoint's text files.

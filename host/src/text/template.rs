@@ -14,12 +14,32 @@ use super::{TextError, read_json_if_present};
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Message {
     pub role: String,
-    pub content: String,
+    pub content: Content,
+}
+
+/// A turn's content: plain text, or the list of typed parts multimodal
+/// templates iterate over (`{"type": "image"}`, `{"type": "text", "text": ...}`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+/// One part of a multimodal turn. Media parts carry only their type here:
+/// the template writes a placeholder and the family plugin expands it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 impl Message {
-    pub fn new(role: &str, content: &str) -> Self {
-        Message { role: role.to_owned(), content: content.to_owned() }
+    /// A plain-text turn.
+    pub fn new(role: &str, text: &str) -> Self {
+        Message { role: role.to_owned(), content: Content::Text(text.to_owned()) }
     }
 }
 

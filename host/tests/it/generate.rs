@@ -8,11 +8,34 @@ use std::{
     process::{Command, Output},
 };
 
-use mlxcel_host::text::{ChatTemplate, Detokenizer, Message, Tokenizer, stop_tokens};
+use mlxcel_host::text::{ChatTemplate, Content, Detokenizer, Message, Tokenizer, stop_tokens};
 
-/// The text-decoder fixtures: chat template, tokenizer and `generate` end to end.
-const FIXTURES: &[&str] = &["qwen2", "llama", "qwen3", "gemma3_text"];
-const VARIANTS: &[&str] = &["short", "long"];
+/// A fixture and its golden variants: `text` ones go through the template,
+/// the tokenizer and `generate` end to end; `media` ones (with images, whose
+/// placeholders the family plugins expand) only render their prompt.
+struct Fixture {
+    name: &'static str,
+    text: &'static [&'static str],
+    media: &'static [&'static str],
+}
+
+const LM: &[&str] = &["short", "long"];
+const VLM_TEXT: &[&str] = &["text_only"];
+const VLM_MEDIA: &[&str] = &["image", "two_images", "long"];
+
+/// Every fixture whose decoder the host has (molmo, molmo2, youtu_vl and
+/// gemma3n join with theirs).
+const FIXTURES: &[Fixture] = &[
+    Fixture { name: "qwen2", text: LM, media: &[] },
+    Fixture { name: "llama", text: LM, media: &[] },
+    Fixture { name: "qwen3", text: LM, media: &[] },
+    Fixture { name: "gemma3_text", text: LM, media: &[] },
+    Fixture { name: "qwen2_vl", text: VLM_TEXT, media: VLM_MEDIA },
+    Fixture { name: "qwen2_5_vl", text: VLM_TEXT, media: VLM_MEDIA },
+    Fixture { name: "qwen3_vl", text: VLM_TEXT, media: VLM_MEDIA },
+    Fixture { name: "llava", text: VLM_TEXT, media: VLM_MEDIA },
+    Fixture { name: "gemma3", text: VLM_TEXT, media: VLM_MEDIA },
+];
 
 /// The bundle shape every run here uses, so runs share compiled modules.
 const SHAPE: &[&str] = &["--capacity", "128", "--chunk", "32"];
@@ -31,7 +54,8 @@ struct Golden {
 fn golden(name: &str, variant: &str) -> Golden {
     let path = fixture(name).join("goldens").join(format!("{variant}.json"));
     let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("golden")).expect("json");
-    assert_eq!(meta["add_special_tokens"], false, "{name}/{variant}: the oracle tokenizes the rendered template as-is");
+    // The oracle tokenizes the rendered template as-is (the processors too: their goldens omit the flag).
+    assert_ne!(meta["add_special_tokens"], true, "{name}/{variant}");
     Golden {
         messages: serde_json::from_value(meta["messages"].clone()).expect("messages"),
         prompt: meta["prompt"].as_str().expect("prompt").to_owned(),
@@ -44,13 +68,30 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
+/// The text of a golden's one user turn.
+fn user_text(g: &Golden, ctx: &str) -> String {
+    let [Message { role, content }] = &g.messages[..] else { panic!("{ctx}: one message") };
+    assert_eq!(role, "user", "{ctx}");
+    match content {
+        Content::Text(text) => text.clone(),
+        Content::Parts(parts) => match &parts[..] {
+            [part] if part.kind == "text" => part.text.clone().expect("text"),
+            _ => panic!("{ctx}: not text-only"),
+        },
+    }
+}
+
 #[test]
 fn chat_templates_and_tokenizers_match_transformers() {
-    for name in FIXTURES {
+    for &Fixture { name, text, media } in FIXTURES {
         let dir = fixture(name);
         let template = ChatTemplate::load(&dir).expect("template");
         let tokenizer = Tokenizer::load(&dir).expect("tokenizer");
-        for variant in VARIANTS {
+        for variant in media {
+            let g = golden(name, variant);
+            assert_eq!(template.render(&g.messages, true).expect("renders"), g.prompt, "{name}/{variant}: rendered");
+        }
+        for variant in text {
             let g = golden(name, variant);
             let prompt = template.render(&g.messages, true).expect("renders");
             assert_eq!(prompt, g.prompt, "{name}/{variant}: rendered template");
@@ -66,9 +107,9 @@ fn chat_templates_and_tokenizers_match_transformers() {
 
 #[test]
 fn streamed_text_equals_the_full_decode() {
-    for name in FIXTURES {
+    for &Fixture { name, text, .. } in FIXTURES {
         let tokenizer = Tokenizer::load(&fixture(name)).expect("tokenizer");
-        let g = golden(name, "long");
+        let g = golden(name, text[text.len() - 1]);
         // The prompt's own tokens include multi-byte characters split across tokens.
         let (context, stream) = g.input_ids.split_at(4);
         let mut detok = Detokenizer::new(context, false);
@@ -131,15 +172,14 @@ fn generate_json(model: &Path, extra: &[&str]) -> serde_json::Value {
 /// template and from `--raw` with the golden prompt. The oracle's greedy
 /// tokens ignore end-of-sequence (`eos_token_id=None` in tools/oracle's
 /// `greedy`), so these runs pass `--ignore-eos`.
-fn check_generate(name: &str) {
+fn check_generate(&Fixture { name, text, .. }: &Fixture) {
     let dir = fixture(name);
     let tokenizer = Tokenizer::load(&dir).expect("tokenizer");
-    for variant in VARIANTS {
+    for variant in text {
         let g = golden(name, variant);
-        let [Message { role, content }] = &g.messages[..] else { panic!("{name}/{variant}: one message") };
-        assert_eq!(role, "user");
+        let content = user_text(&g, &format!("{name}/{variant}"));
         let n = g.greedy.len().to_string();
-        for (how, prompt, raw) in [("templated", content, None), ("raw", &g.prompt, Some("--raw"))] {
+        for (how, prompt, raw) in [("templated", &content, None), ("raw", &g.prompt, Some("--raw"))] {
             let mut extra = vec!["--prompt", prompt, "--max-tokens", &n, "--ignore-eos"];
             extra.extend(raw);
             let got = generate_json(&dir, &extra);
@@ -156,11 +196,17 @@ fn check_generate(name: &str) {
 
 #[test]
 fn generate_matches_the_golden_greedy_tokens() {
-    // One process per fixture and variant; fixtures in parallel threads.
+    // Two workers (the machine has two cores), one process per run.
+    let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
-        let runs: Vec<_> = FIXTURES.iter().map(|name| s.spawn(move || check_generate(name))).collect();
-        for run in runs {
-            if let Err(panic) = run.join() {
+        let worker = || {
+            while let Some(f) = FIXTURES.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                check_generate(f);
+            }
+        };
+        let workers = [s.spawn(worker), s.spawn(worker)];
+        for w in workers {
+            if let Err(panic) = w.join() {
                 std::panic::resume_unwind(panic);
             }
         }
@@ -226,7 +272,7 @@ fn sampling_is_reproducible_with_a_seed() {
 fn bad_input_is_a_clear_error() {
     let qwen2 = fixture("qwen2");
     let qwen2 = qwen2.to_str().expect("utf-8 path");
-    let long = golden("qwen2", "long").messages[0].content.clone();
+    let long = user_text(&golden("qwen2", "long"), "qwen2/long");
     for (args, want) in [
         (
             vec!["--model", "/nonexistent/model", "--prompt", "hi"],
