@@ -104,6 +104,18 @@ struct Report<'a> {
 }
 
 pub(crate) fn generate(args: &GenerateArgs) -> Result<()> {
+    match run(args) {
+        // The reader went away (`generate ... | head`): nothing left to do.
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(is_broken_pipe)) => Ok(()),
+        other => other,
+    }
+}
+
+fn is_broken_pipe(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
+fn run(args: &GenerateArgs) -> Result<()> {
     let params =
         SamplingParams { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
     let mut sampler = Sampler::new(params, args.seed).context("invalid sampling parameters")?;
