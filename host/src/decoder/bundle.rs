@@ -2,7 +2,7 @@
 //! bookkeeping: each slot's cache length. Every argument is validated here
 //! before anything reaches IREE.
 
-use std::path::Path;
+use std::{ops::Range, path::Path};
 
 use mlxcel_emit::{Elem, NumericContract};
 use mlxcel_shim::{
@@ -48,6 +48,8 @@ pub enum DecoderError {
     CapacityExceeded { used: usize, adding: usize, capacity: usize },
     #[error("invalid prefill embeddings: {0}")]
     Embeddings(String),
+    #[error("invalid prefill extras: {0}")]
+    Extras(String),
     #[error("invalid positions: {0}")]
     Positions(String),
     #[error("the compiled bundle lacks exports: {0}")]
@@ -177,13 +179,15 @@ impl Decoder {
 
     /// Prefills `slot` from prepared embeddings `[n, hidden]` in the bundle's
     /// activation dtype (for example text embeddings with image features
-    /// merged in) at the given positions. Decoding continues from the
-    /// largest position plus one. Returns the logits of every row.
+    /// merged in) at the given positions, with the contract's `extras`
+    /// (bidirectional blocks, DeepStack injections). Decoding continues from
+    /// the largest position plus one. Returns the logits of every row.
     pub fn prefill_embeddings(
         &mut self,
         slot: usize,
         embeddings: &HostTensor,
         positions: &Positions,
+        extras: &Extras,
     ) -> Result<Vec<f32>, DecoderError> {
         let want = self.options.contract.activations;
         let (h, shape) = (self.config.hidden, embeddings.shape());
@@ -193,7 +197,44 @@ impl Decoder {
         if shape.len() != 2 || shape[1] != h {
             return Err(DecoderError::Embeddings(format!("shape is {shape:?}, the bundle takes [n, {h}]")));
         }
-        self.prefill(slot, Prefill::Embeddings(embeddings), positions)
+        let n = shape[0];
+        let (chunk, k) = (self.options.shape.chunk, self.config.deepstack_layers);
+        if !extras.injections.is_empty() && extras.injections.len() != k {
+            return Err(DecoderError::Extras(format!(
+                "{} injection tensors; this decoder takes {k} (its DeepStack layers)",
+                extras.injections.len()
+            )));
+        }
+        for (i, t) in extras.injections.iter().enumerate() {
+            if t.dtype() != embeddings.dtype() || t.shape() != [n, h] {
+                return Err(DecoderError::Extras(format!(
+                    "injection {i} is {} {:?}; it must be {} [{n}, {h}] like the embeddings",
+                    t.dtype(),
+                    t.shape(),
+                    embeddings.dtype()
+                )));
+            }
+        }
+        let mut blocks = extras.bidirectional.clone();
+        blocks.sort_by_key(|b| b.start);
+        for (i, b) in blocks.iter().enumerate() {
+            if b.is_empty() || b.end > n {
+                return Err(DecoderError::Extras(format!("bidirectional block {b:?} is not inside 0..{n}")));
+            }
+            if i > 0 && blocks[i - 1].end > b.start {
+                return Err(DecoderError::Extras(format!(
+                    "bidirectional blocks {:?} and {b:?} overlap",
+                    blocks[i - 1]
+                )));
+            }
+            // Rows of one block are prefilled in one call to see each other.
+            if b.len() > chunk {
+                return Err(DecoderError::Extras(format!(
+                    "bidirectional block {b:?} is longer than the prefill chunk ({chunk}); use a bundle with a larger chunk"
+                )));
+            }
+        }
+        self.prefill(slot, Prefill::Embeddings(embeddings, extras), positions)
     }
 
     /// Embeds tokens with the checkpoint's embedding table: `[n, hidden]`.
@@ -220,7 +261,7 @@ impl Decoder {
         self.check_slot(slot)?;
         let s = HostTensor::scalar(slot as i32);
         let all: Vec<f32> = self.session.call("decoder.kv_slot", &[Arg::from(&s)])?.remove(0).to_host()?.to_vec()?;
-        let (cap, len) = (self.options.shape.capacity, self.lens[slot]);
+        let (cap, len) = (self.options.shape.rows(), self.lens[slot]);
         let row = self.config.kv_heads * self.config.head_dim;
         Ok(all.chunks_exact(cap * row).flat_map(|block| block[..len * row].iter().copied()).collect())
     }
@@ -266,16 +307,19 @@ impl Decoder {
     /// row r is the query at cache position `queries[r]` and sees the rows
     /// its layer kind allows (causal; within the window for sliding layers).
     /// Padding and idle rows see like real ones; their outputs are unused.
-    fn masks(&self, queries: &[usize]) -> Result<HostTensor, DecoderError> {
-        let capacity = self.options.shape.capacity;
+    /// Rows inside one of `blocks` also see every row of their block
+    /// (Gemma3's bidirectional image tokens), in every layer kind.
+    fn masks(&self, queries: &[usize], blocks: &[Range<usize>]) -> Result<HostTensor, DecoderError> {
+        let capacity = self.options.shape.rows();
         let kinds = self.config.kinds();
         let rows = queries.len();
         let mut mask = vec![f32::NEG_INFINITY; kinds.len() * rows * capacity];
         for (k, &kind) in kinds.iter().enumerate() {
             for (r, &q) in queries.iter().enumerate() {
                 let row = &mut mask[(k * rows + r) * capacity..(k * rows + r + 1) * capacity];
-                for (kv, m) in row.iter_mut().enumerate().take(q + 1) {
-                    if self.config.visible(kind, q, kv) {
+                let block = blocks.iter().find(|b| b.contains(&q));
+                for (kv, m) in row.iter_mut().enumerate() {
+                    if self.config.visible_with(kind, q, kv, block.is_some_and(|b| b.contains(&kv))) {
                         *m = 0.0;
                     }
                 }
@@ -284,12 +328,31 @@ impl Decoder {
         Ok(HostTensor::from_slice(vec![kinds.len(), rows, capacity], &mask)?)
     }
 
+    /// Rows `start..start + real` of every injection, zero-padded to the
+    /// chunk: `[K, chunk, H]` (zeros when the prompt has none).
+    fn injection_chunk(
+        &self,
+        x: &HostTensor,
+        extras: &Extras,
+        start: usize,
+        real: usize,
+    ) -> Result<HostTensor, DecoderError> {
+        let (chunk, k, h) = (self.options.shape.chunk, self.config.deepstack_layers, self.config.hidden);
+        let row = x.bytes().len() / x.shape()[0];
+        let mut bytes = vec![0u8; k * chunk * row];
+        for (i, t) in extras.injections.iter().enumerate() {
+            let src = &t.bytes()[start * row..(start + real) * row];
+            bytes[i * chunk * row..i * chunk * row + src.len()].copy_from_slice(src);
+        }
+        Ok(HostTensor::from_bytes(x.dtype(), vec![k, chunk, h], bytes)?)
+    }
+
     fn prefill(&mut self, slot: usize, input: Prefill<'_>, positions: &Positions) -> Result<Vec<f32>, DecoderError> {
         self.check_slot(slot)?;
         let BundleShape { chunk, capacity, .. } = self.options.shape;
         let n = match input {
             Prefill::Tokens(ids) => ids.len(),
-            Prefill::Embeddings(x) => x.shape()[0],
+            Prefill::Embeddings(x, _) => x.shape()[0],
         };
         if n == 0 {
             return Err(DecoderError::EmptyPrompt);
@@ -303,15 +366,18 @@ impl Decoder {
         let mut logits = Vec::with_capacity(n * vocab);
         self.lens[slot] = 0;
         self.deltas[slot] = next - n as i64;
-        for start in (0..n).step_by(chunk) {
-            let real = chunk.min(n - start);
+        let blocks = match input {
+            Prefill::Embeddings(_, extras) => extras.bidirectional.as_slice(),
+            Prefill::Tokens(_) => &[],
+        };
+        for (start, real) in chunk_spans(n, chunk, blocks) {
             let first = match input {
                 Prefill::Tokens(ids) => {
                     let mut part = ids[start..start + real].to_vec();
                     part.resize(chunk, 0);
                     HostTensor::from_slice(vec![chunk], &part)?
                 }
-                Prefill::Embeddings(x) => {
+                Prefill::Embeddings(x, _) => {
                     let row = x.bytes().len() / n;
                     let mut part = x.bytes()[start * row..(start + real) * row].to_vec();
                     part.resize(chunk * row, 0);
@@ -319,16 +385,21 @@ impl Decoder {
                 }
             };
             let pos = chunk_positions(&streams, start, real, chunk)?;
-            let args = [
+            let mut args = vec![
                 first,
                 pos,
-                self.masks(&(start..start + chunk).collect::<Vec<_>>())?,
+                self.masks(&(start..start + chunk).collect::<Vec<_>>(), blocks)?,
                 HostTensor::scalar(slot as i32),
                 HostTensor::scalar(start as i32),
             ];
+            if let Prefill::Embeddings(x, extras) = input
+                && self.config.deepstack_layers > 0
+            {
+                args.push(self.injection_chunk(x, extras, start, real)?);
+            }
             let function = match input {
                 Prefill::Tokens(_) => "decoder.prefill_tokens",
-                Prefill::Embeddings(_) => "decoder.prefill_embeddings",
+                Prefill::Embeddings(..) => "decoder.prefill_embeddings",
             };
             let out = self.session.call(function, &args.iter().map(Arg::from).collect::<Vec<_>>())?;
             let rows: Vec<f32> = out[0].to_host()?.to_vec()?;
@@ -366,7 +437,7 @@ impl Decoder {
             ids[slot] = token as i32;
         }
         let queries: Vec<usize> = write.iter().map(|&w| w as usize).collect();
-        let mask = self.masks(&queries)?;
+        let mask = self.masks(&queries, &[])?;
         let args = [
             HostTensor::from_slice(vec![slots], &ids)?,
             self.decode_positions(&pos)?,
@@ -397,11 +468,40 @@ fn runtime_dtype(e: Elem) -> Option<DType> {
     })
 }
 
+/// The `(start, rows)` of each prefill call: whole chunks, except that a
+/// chunk ends early rather than split a bidirectional block (validated to
+/// fit in one chunk), so the next starts at the block.
+fn chunk_spans(n: usize, chunk: usize, blocks: &[Range<usize>]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let mut end = (start + chunk).min(n);
+        if let Some(b) = blocks.iter().find(|b| b.start < end && end < b.end && b.start > start) {
+            end = b.start;
+        }
+        spans.push((start, end - start));
+        start = end;
+    }
+    spans
+}
+
 /// What a prefill starts from.
 #[derive(Clone, Copy)]
 enum Prefill<'a> {
     Tokens(&'a [i32]),
-    Embeddings(&'a HostTensor),
+    Embeddings(&'a HostTensor, &'a Extras),
+}
+
+/// What a prepared prompt may carry besides embeddings and positions.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    /// Row ranges whose rows see each other in both directions (Gemma3's
+    /// image tokens). Each must lie inside one prefill chunk.
+    pub bidirectional: Vec<Range<usize>>,
+    /// Per DeepStack layer, `[n, hidden]` added to the hidden state after
+    /// that layer (zeros on rows without features). Empty, or exactly the
+    /// decoder's `deepstack_layers` tensors.
+    pub injections: Vec<HostTensor>,
 }
 
 /// The exports every bundle has; checked after loading.

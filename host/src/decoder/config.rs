@@ -202,6 +202,9 @@ pub struct TextConfig {
     pub rope: BTreeMap<LayerKind, Rope>,
     /// Three-stream positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
     pub mrope: Option<MRope>,
+    /// Layers after which prepared prompts may add per-row features
+    /// (Qwen3-VL's DeepStack): layers `0..deepstack_layers`.
+    pub deepstack_layers: usize,
 }
 
 /// Why a config cannot be served.
@@ -253,6 +256,12 @@ impl TextConfig {
     pub fn parse(json: &str) -> Result<Self, ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid { path: "config.json".into(), reason };
         let mut root: serde_json::Value = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+        // Qwen3-VL adds vision features to the hidden state after the first
+        // layers (DeepStack), one layer per listed vision block.
+        let deepstack_layers = root
+            .pointer("/vision_config/deepstack_visual_indexes")
+            .and_then(serde_json::Value::as_array)
+            .map_or(0, Vec::len);
         let value = match root.get_mut("text_config").map(serde_json::Value::take) {
             Some(mut text) => {
                 if text.get("tie_word_embeddings").is_none_or(serde_json::Value::is_null)
@@ -386,6 +395,7 @@ impl TextConfig {
             sliding_window,
             rope,
             mrope,
+            deepstack_layers,
         })
     }
 
@@ -424,10 +434,18 @@ impl TextConfig {
 
     /// Whether position `kv` is visible from position `q` in a `kind` layer.
     pub fn visible(&self, kind: LayerKind, q: usize, kv: usize) -> bool {
-        kv <= q
-            && match (kind, self.sliding_window) {
-                (LayerKind::Sliding, Some(w)) => q - kv < w,
-                _ => true,
-            }
+        self.visible_with(kind, q, kv, false)
+    }
+
+    /// As [`TextConfig::visible`], when `q` and `kv` may share a
+    /// bidirectional block: as transformers composes Gemma3's masks, full
+    /// layers see `causal OR same block`, sliding layers
+    /// `(causal OR same block) AND kv > q - window`.
+    pub fn visible_with(&self, kind: LayerKind, q: usize, kv: usize, same_block: bool) -> bool {
+        let in_window = match (kind, self.sliding_window) {
+            (LayerKind::Sliding, Some(w)) => kv + w > q,
+            _ => true,
+        };
+        (kv <= q || same_block) && in_window
     }
 }

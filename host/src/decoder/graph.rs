@@ -7,7 +7,9 @@
 //! - `decode(tokens[S], pos[S], write[S], mask[K, S, C]) -> logits[S, V]`
 //! - `kv_slot(slot) -> [L, 2, C, KVH, D]` (tests and diagnostics)
 //!
-//! `T` is the prefill chunk, `C` the context capacity, `S` the slot count,
+//! `T` is the prefill chunk, `C` the cache rows per slot (the context
+//! capacity plus one chunk of slack, so a chunk may start anywhere below the
+//! capacity: bidirectional blocks move chunk starts), `S` the slot count,
 //! `K` the number of attention kinds in use (full, sliding: one mask each).
 //! The cache is one global `[L, 2, S, C, KVH, D]` (packed: IREE 3.13 fuses
 //! separately declared DUS-only globals). Masks are additive and built by the
@@ -25,6 +27,15 @@ pub struct BundleShape {
     /// Cache rows per slot; a multiple of `chunk`.
     pub capacity: usize,
     pub slots: usize,
+}
+
+impl BundleShape {
+    /// Cache rows per slot: the capacity plus one chunk of slack, so that a
+    /// chunk starting anywhere before the capacity stays inside the cache
+    /// (`dynamic_update_slice` would otherwise clamp its start).
+    pub fn rows(&self) -> usize {
+        self.capacity + self.chunk
+    }
 }
 
 struct Layer {
@@ -129,11 +140,11 @@ pub fn emit(
         Some(key) => p(&mut m, key.clone(), &[cfg.vocab, h]),
         None => embed.clone(),
     };
-    let cache_ty = Type::new(contract.activations, &[cfg.layers, 2, shape.slots, shape.capacity, cfg.kv_heads, d]);
+    let cache_ty = Type::new(contract.activations, &[cfg.layers, 2, shape.slots, shape.rows(), cfg.kv_heads, d]);
     let cache = m.state("kv", cache_ty, 0.0);
     let e = Emitter { cfg, shape, c: contract, w: Weights { embed, layers, norm, lm_head }, cache };
 
-    let (t, cap, s) = (shape.chunk, shape.capacity, shape.slots);
+    let (t, cap, s) = (shape.chunk, shape.rows(), shape.slots);
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
     let scalar = Type::scalar(Elem::I32);
     let kinds = cfg.kinds().len();
@@ -148,17 +159,22 @@ pub fn emit(
     m.add_func(f, &[x]);
 
     // prefill_embeddings
-    let (mut f, a) =
-        m.func("prefill_embeddings", &[contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()]);
+    // (with DeepStack: a further `injections[K, T, H]` added after layers 0..K)
+    let mut args = vec![contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()];
+    if cfg.deepstack_layers > 0 {
+        args.push(contract.act(&[cfg.deepstack_layers, t, h]));
+    }
+    let (mut f, a) = m.func("prefill_embeddings", &args);
     let x = f.reshape(&a[0], &[1, t, h]);
-    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()]);
+    let injections = a.get(5).cloned();
+    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], injections);
     m.add_func(f, &[logits]);
 
     // prefill_tokens
     let (mut f, a) = m.func("prefill_tokens", &[i32s(t), pos_ty(t), mask(t), scalar.clone(), scalar]);
     let x = e.embed(&mut f, &a[0]);
     let x = f.reshape(&x, &[1, t, h]);
-    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()]);
+    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None);
     m.add_func(f, &[logits]);
 
     // kv_slot: one slot's cache [L, 2, C, KVH, D], for tests and diagnostics.
@@ -180,7 +196,7 @@ pub fn emit(
             f.reshape(&one, &[])
         })
         .collect();
-    let logits = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes);
+    let logits = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None);
     m.add_func(f, &[logits]);
 
     m.finish()
@@ -206,9 +222,19 @@ impl Emitter<'_> {
     /// Runs the layers on `x [B, T, H]` and returns f32 logits `[B*T, V]`
     /// (`[T, V]` for prefill, `[S, V]` for decode). `pos` is `[B*T]`,
     /// `masks` `[K, B*T, C]`; `writes` holds each row group's first cache row.
-    fn forward(&self, f: &mut Func, x: &Value, pos: &Value, masks: &Value, slots: Slots, writes: &[Value]) -> Value {
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        f: &mut Func,
+        x: &Value,
+        pos: &Value,
+        masks: &Value,
+        slots: Slots,
+        writes: &[Value],
+        injections: Option<Value>,
+    ) -> Value {
         let (b, t, h) = (x.shape()[0], x.shape()[1], self.cfg.hidden);
-        let cap = self.shape.capacity;
+        let cap = self.shape.rows();
         // Per attention kind: its rotary tables and its mask [B, T, C].
         let mut per_kind: Vec<(LayerKind, Value, Value, Value)> = Vec::new();
         for (i, kind) in self.cfg.kinds().into_iter().enumerate() {
@@ -226,6 +252,12 @@ impl Emitter<'_> {
             let (y, updated) = self.layer(f, l, layer, &x, cos, sin, mask, &slots, writes, cache);
             cache = updated;
             x = y;
+            // DeepStack: rows without features get zeros, and x + 0 is x.
+            if let Some(inj) = injections.as_ref().filter(|i| l < i.shape()[0]) {
+                let one = f.slice(inj, &[l, 0, 0], &[l + 1, t, h]);
+                let one = f.reshape(&one, &[b, t, h]);
+                x = f.add(&x, &one);
+            }
         }
         f.store(&self.cache, &cache);
         let norm = f.load(&self.w.norm);
@@ -312,7 +344,7 @@ impl Emitter<'_> {
     ) -> (Value, Value) {
         let cfg = self.cfg;
         let (b, t) = (x.shape()[0], x.shape()[1]);
-        let (nh, kvh, d, cap) = (cfg.heads, cfg.kv_heads, cfg.head_dim, self.shape.capacity);
+        let (nh, kvh, d, cap) = (cfg.heads, cfg.kv_heads, cfg.head_dim, self.shape.rows());
         let g = nh / kvh;
         let c = &self.c;
 

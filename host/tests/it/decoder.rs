@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions, Positions};
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions, Extras, Positions};
 use mlxcel_shim::{CompileCache, Compiler, Device, Driver};
 
 fn fixture(name: &str) -> PathBuf {
@@ -20,6 +20,9 @@ struct Golden {
     inputs_embeds: Vec<f32>,
     /// `[n]` or `[3, n]`.
     positions: Positions,
+    /// Bidirectional image blocks (from `token_type_ids`) and DeepStack
+    /// features scattered onto the image rows, as the contract hands them.
+    extras: Extras,
 }
 
 fn golden(name: &str, variant: &str) -> Golden {
@@ -42,8 +45,46 @@ fn golden(name: &str, variant: &str) -> Golden {
         [3, n] => Positions::MRope([flat[..*n].to_vec(), flat[*n..2 * n].to_vec(), flat[2 * n..].to_vec()]),
         _ => Positions::OneD(flat),
     };
+    let input_ids = ids("input_ids");
+    let n = input_ids.len();
+    let mut extras = Extras::default();
+    if let Ok(tt) = st.tensor("token_type_ids") {
+        let image: Vec<bool> = tt.data().chunks_exact(8).map(|c| c.iter().any(|&b| b != 0)).collect();
+        let mut start = None;
+        for (i, &is_image) in image.iter().chain([&false]).enumerate() {
+            match (is_image, start) {
+                (true, None) => start = Some(i),
+                (false, Some(b)) => {
+                    extras.bidirectional.push(b..i);
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).expect("config"))
+            .expect("json");
+    for layer in 0.. {
+        let Ok(features) = st.tensor(&format!("deepstack_features.{layer}")) else { break };
+        let image_token = config["image_token_id"].as_u64().expect("image_token_id") as u32;
+        let hidden = features.shape()[1];
+        let rows: Vec<f32> =
+            features.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let mut dense = vec![0.0f32; n * hidden];
+        let mut next = rows.chunks_exact(hidden);
+        for (i, &t) in input_ids.iter().enumerate() {
+            if t == image_token {
+                dense[i * hidden..(i + 1) * hidden]
+                    .copy_from_slice(next.next().expect("a feature row per image token"));
+            }
+        }
+        assert!(next.next().is_none(), "as many feature rows as image tokens");
+        extras.injections.push(mlxcel_shim::HostTensor::from_slice(vec![n, hidden], &dense).expect("injection"));
+    }
     Golden {
-        input_ids: ids("input_ids"),
+        extras,
+        input_ids,
         greedy: ids("greedy_tokens"),
         logits: f32s("logits"),
         decode_logits: f32s("decode_logits"),
@@ -100,7 +141,7 @@ fn prefill(dec: &mut Decoder, slot: usize, g: &Golden, from: From) -> Vec<f32> {
         From::Embeddings => {
             let n = g.input_ids.len();
             let x = mlxcel_shim::HostTensor::from_slice(vec![n, dec.config().hidden], &g.inputs_embeds).expect("x");
-            dec.prefill_embeddings(slot, &x, &g.positions).expect("prefill embeddings")
+            dec.prefill_embeddings(slot, &x, &g.positions, &g.extras).expect("prefill embeddings")
         }
     }
 }
@@ -175,11 +216,20 @@ fn llava_decoder_matches_transformers() {
     check_parity("llava", &["image", "two_images", "long"], From::Embeddings);
 }
 
-/// Qwen3-VL's interleaved M-RoPE; image prompts also need DeepStack
-/// injections, which the decoder does not take yet.
+/// Qwen3-VL: interleaved M-RoPE, and DeepStack features added to the image
+/// rows after the first layers.
 #[test]
-fn qwen3_vl_decoder_matches_transformers_on_text() {
+fn qwen3_vl_decoder_matches_transformers() {
     check_parity("qwen3_vl", &["text_only"], From::Tokens);
+    check_parity("qwen3_vl", &["image", "two_images", "long", "text_only"], From::Embeddings);
+}
+
+/// Gemma3: image tokens see their whole image block in both directions, in
+/// sliding and full layers; blocks that straddle a chunk move the chunk.
+#[test]
+fn gemma3_decoder_matches_transformers() {
+    check_parity("gemma3", &["text_only"], From::Tokens);
+    check_parity("gemma3", &["image", "two_images", "long", "text_only"], From::Embeddings);
 }
 
 #[test]
@@ -187,20 +237,27 @@ fn gemma3_text_matches_transformers() {
     check_parity("gemma3_text", &["short", "long"], From::Tokens);
 }
 
-/// The host's per-kind visibility is exactly the reference's masks (the
-/// sliding window is 8 in this fixture; the long prompt is 85 tokens).
+/// The host's per-kind visibility is exactly the reference's masks: sliding
+/// windows (8 here) and Gemma3's bidirectional image blocks.
 #[test]
 fn attention_masks_match_the_reference() {
-    let config = mlxcel_host::decoder::TextConfig::load(&fixture("gemma3_text")).expect("config");
-    let bytes = std::fs::read(fixture("gemma3_text").join("goldens/long.safetensors")).expect("goldens");
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
-    for kind in config.kinds() {
-        let golden = st.tensor(&format!("attention_mask.{}", kind.hf_name())).expect("mask");
-        let n = golden.shape()[0];
-        for q in 0..n {
-            for kv in 0..n {
-                let want = golden.data()[q * n + kv] != 0;
-                assert_eq!(config.visible(kind, q, kv), want, "{kind:?} q={q} kv={kv}");
+    for (name, variants) in [("gemma3_text", &["long"][..]), ("gemma3", &["image", "two_images", "long"][..])] {
+        let config = mlxcel_host::decoder::TextConfig::load(&fixture(name)).expect("config");
+        for variant in variants {
+            let g = golden(name, variant);
+            let bytes = std::fs::read(fixture(name).join(format!("goldens/{variant}.safetensors"))).expect("goldens");
+            let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+            for kind in config.kinds() {
+                let golden = st.tensor(&format!("attention_mask.{}", kind.hf_name())).expect("mask");
+                let n = golden.shape()[0];
+                for q in 0..n {
+                    for kv in 0..n {
+                        let want = golden.data()[q * n + kv] != 0;
+                        let block = g.extras.bidirectional.iter().any(|b| b.contains(&q) && b.contains(&kv));
+                        let got = config.visible_with(kind, q, kv, block);
+                        assert_eq!(got, want, "{name}/{variant} {kind:?} q={q} kv={kv}");
+                    }
+                }
             }
         }
     }
@@ -261,7 +318,8 @@ fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
     let from_tokens = dec.prefill_tokens(0, &g.input_ids).expect("prefill tokens");
     let x = dec.embed(&g.input_ids).expect("embed");
     assert_eq!(x.shape(), &[g.input_ids.len(), dec.config().hidden]);
-    let from_embeddings = dec.prefill_embeddings(1, &x, &Positions::Sequential).expect("prefill embeddings");
+    let from_embeddings =
+        dec.prefill_embeddings(1, &x, &Positions::Sequential, &Extras::default()).expect("prefill embeddings");
     assert_eq!(from_tokens, from_embeddings, "logits");
     assert_eq!(dec.len(0), dec.len(1));
     let (k0, k1) = (dec.kv_slot(0).expect("kv 0"), dec.kv_slot(1).expect("kv 1"));
@@ -271,12 +329,35 @@ fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
 
     // Wrong dtype or hidden size is refused before any native call.
     let ints = mlxcel_shim::HostTensor::from_slice(vec![2, 64], &[0i32; 128]).expect("tensor");
-    assert!(matches!(dec.prefill_embeddings(1, &ints, &Positions::Sequential), Err(DecoderError::Embeddings(_))));
+    assert!(matches!(
+        dec.prefill_embeddings(1, &ints, &Positions::Sequential, &Extras::default()),
+        Err(DecoderError::Embeddings(_))
+    ));
     let narrow = mlxcel_shim::HostTensor::from_slice(vec![2, 63], &[0f32; 126]).expect("tensor");
-    assert!(matches!(dec.prefill_embeddings(1, &narrow, &Positions::Sequential), Err(DecoderError::Embeddings(_))));
+    assert!(matches!(
+        dec.prefill_embeddings(1, &narrow, &Positions::Sequential, &Extras::default()),
+        Err(DecoderError::Embeddings(_))
+    ));
     let x = dec.embed(&g.input_ids[..4]).expect("embed");
     let short = Positions::OneD(vec![0, 1, 2]);
-    assert!(matches!(dec.prefill_embeddings(1, &x, &short), Err(DecoderError::Positions(_))));
+    assert!(matches!(dec.prefill_embeddings(1, &x, &short, &Extras::default()), Err(DecoderError::Positions(_))));
     let three = Positions::MRope([vec![0; 4], vec![0; 4], vec![0; 4]]);
-    assert!(matches!(dec.prefill_embeddings(1, &x, &three), Err(DecoderError::Positions(_))), "qwen3 has no M-RoPE");
+    assert!(
+        matches!(dec.prefill_embeddings(1, &x, &three, &Extras::default()), Err(DecoderError::Positions(_))),
+        "qwen3 has no M-RoPE"
+    );
+}
+
+/// The bidirectional blocks and DeepStack features are load-bearing: the
+/// same prompts without them diverge from the reference.
+#[test]
+fn dropping_contract_extras_diverges() {
+    for (name, variant) in [("gemma3", "image"), ("qwen3_vl", "image")] {
+        let mut dec = load(name, SHAPE);
+        let mut g = golden(name, variant);
+        g.extras = Extras::default();
+        let logits = prefill(&mut dec, 0, &g, From::Embeddings);
+        let max = logits.iter().zip(&g.logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(max > 1e-2, "{name}/{variant}: without its extras the logits still match (max diff {max:e})");
+    }
 }
