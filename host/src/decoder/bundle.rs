@@ -78,6 +78,56 @@ pub struct Decoder {
     /// 0 for plain prompts).
     deltas: Vec<i64>,
     outcome: CacheOutcome,
+    fingerprint: Fingerprint,
+}
+
+/// Everything a compiled bundle depends on. Its digest is part of the
+/// compile-cache key, so any change recompiles rather than loading a
+/// bundle built for something else.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Fingerprint {
+    pub arch: String,
+    /// sha256 over the checkpoint's safetensors headers (names, dtypes,
+    /// shapes, offsets) and file sizes: cheap, and it changes when the files do.
+    pub weights: String,
+    pub dtype: String,
+    pub capacity: usize,
+    pub chunk: usize,
+    pub slots: usize,
+    pub hidden: usize,
+    pub kv_layout: String,
+    /// The exports and their argument order.
+    pub abi: String,
+    pub numeric_contract: String,
+    pub compiler: String,
+    pub target: String,
+}
+
+impl Fingerprint {
+    /// A stable digest of every field.
+    pub fn digest(&self) -> String {
+        use sha2::Digest;
+        let json = serde_json::to_string(self).expect("invariant: the fingerprint serialises");
+        format!("decoder-fingerprint:{}", hex::encode(sha2::Sha256::digest(json.as_bytes())))
+    }
+}
+
+/// Bump when an export's arguments or results change.
+const ABI_SCHEMA: &str = "decoder-abi-v1: embed(tokens) prefill_tokens(tokens,pos,masks,slot,start) \
+prefill_embeddings(x,pos,masks,slot,start[,injections]) decode(tokens,pos,write,masks) kv_slot(slot)";
+
+/// sha256 over the checkpoint's tensor table and file sizes.
+fn weights_identity(ckpt: &Checkpoint) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for (key, t) in ckpt.tensors() {
+        h.update(format!("{key}|{}|{:?}|{}|{:?};", t.dtype, t.shape, t.file, t.offsets).as_bytes());
+    }
+    for f in ckpt.files() {
+        let len = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+        h.update(format!("{len};").as_bytes());
+    }
+    hex::encode(h.finalize())
 }
 
 impl Decoder {
@@ -106,16 +156,29 @@ impl Decoder {
                 tracing::warn!(path = %path.display(), error = %e, "could not dump the decoder MLIR");
             }
         }
-        let key_parts = vec![
-            options.contract.fingerprint(),
-            format!(
-                "decoder:{}:chunk={}:cap={}:slots={}",
-                config.arch.name(),
-                shape.chunk,
-                shape.capacity,
-                shape.slots
+        let fingerprint = Fingerprint {
+            arch: config.arch.name().to_owned(),
+            weights: weights_identity(&checkpoint),
+            dtype: weights.to_string(),
+            capacity: shape.capacity,
+            chunk: shape.chunk,
+            slots: shape.slots,
+            hidden: config.hidden,
+            kv_layout: format!(
+                "[layers={}, k|v, slots={}, rows={}, kv_heads={}, head_dim={}] {}",
+                config.layers,
+                shape.slots,
+                shape.rows(),
+                config.kv_heads,
+                config.head_dim,
+                options.contract.activations
             ),
-        ];
+            abi: ABI_SCHEMA.to_owned(),
+            numeric_contract: options.contract.fingerprint(),
+            compiler: compiler.revision().to_owned(),
+            target: options.target.fingerprint(),
+        };
+        let key_parts = vec![fingerprint.digest()];
         let request =
             CompileRequest { name: "decoder", mlir: &mlir, target: &options.target, flags: &[], key_parts: &key_parts };
         let (artifact, outcome) = cache.get_or_compile(compiler, &request)?;
@@ -126,7 +189,20 @@ impl Decoder {
         if !missing.is_empty() {
             return Err(DecoderError::MissingExports(missing.join(", ")));
         }
-        Ok(Decoder { lens: vec![0; shape.slots], deltas: vec![0; shape.slots], config, options, session, outcome })
+        Ok(Decoder {
+            lens: vec![0; shape.slots],
+            deltas: vec![0; shape.slots],
+            config,
+            options,
+            session,
+            outcome,
+            fingerprint,
+        })
+    }
+
+    /// What the loaded bundle is compatible with.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
     }
 
     pub fn config(&self) -> &TextConfig {

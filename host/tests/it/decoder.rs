@@ -361,3 +361,29 @@ fn dropping_contract_extras_diverges() {
         assert!(max > 1e-2, "{name}/{variant}: without its extras the logits still match (max diff {max:e})");
     }
 }
+
+/// The compatibility fingerprint follows the checkpoint's content (not its
+/// path) and the bundle shape; a change recompiles instead of reusing.
+#[test]
+fn fingerprint_follows_content_and_shape() {
+    let a = load("qwen2", SHAPE);
+    let copy = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(fixture("qwen2")).expect("fixture") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            std::fs::copy(&path, copy.path().join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+    let compiler = Compiler::locate().expect("compiler");
+    let cache = CompileCache::new(CompileCache::default_dir());
+    let device = Device::new(Driver::LocalSync).expect("device");
+    let options = DecoderOptions { shape: SHAPE, ..DecoderOptions::default() };
+    let b = Decoder::load(copy.path(), options.clone(), &device, &compiler, &cache).expect("copy loads");
+    assert_eq!(a.fingerprint(), b.fingerprint(), "same content, other directory");
+    assert_eq!(b.cache_outcome(), mlxcel_shim::CacheOutcome::Hit);
+
+    let wider = DecoderOptions { shape: BundleShape { capacity: 160, ..SHAPE }, ..options };
+    let c = Decoder::load(copy.path(), wider, &device, &compiler, &cache).expect("wider loads");
+    assert_ne!(a.fingerprint().digest(), c.fingerprint().digest());
+    assert_eq!(c.fingerprint().capacity, 160);
+}
