@@ -8,7 +8,7 @@
 use crate::{Elem, Func, Reduce, Type, Value};
 
 /// Bump when any helper's emitted arithmetic changes.
-pub const CONTRACT_VERSION: u32 = 1;
+pub const CONTRACT_VERSION: u32 = 2;
 
 /// How a graph materialises and accumulates values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -136,10 +136,16 @@ impl NumericContract {
         f.convert(&y, self.activations)
     }
 
-    /// `x * sigmoid(x)` in the activation dtype (torch's SiLU).
+    /// SiLU as torch computes it: `x / (1 + exp(-x))` in the accumulator,
+    /// rounded once to the activation dtype.
     pub fn silu(&self, f: &mut Func, x: &Value) -> Value {
-        let s = f.logistic(x);
-        f.mul(x, &s)
+        let xa = f.convert(x, self.accumulate);
+        let neg = f.neg(&xa);
+        let e = f.exp(&neg);
+        let one = f.splat(xa.ty(), 1.0);
+        let denom = f.add(&one, &e);
+        let y = f.div(&xa, &denom);
+        f.convert(&y, self.activations)
     }
 
     /// The tanh approximation of GELU (`gelu_pytorch_tanh`), in the accumulator.

@@ -145,3 +145,32 @@ fn contract_fingerprints_differ() {
     next.version += 1;
     assert_ne!(next.fingerprint(), NumericContract::f32().fingerprint());
 }
+
+/// Mutation-sensitive: bf16 SiLU widens, computes x / (1 + exp(-x)) and
+/// rounds once, as torch's kernel does.
+#[test]
+fn bf16_silu_rounds_once() {
+    let mut m = Module::new("m");
+    let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[4])]);
+    let y = NumericContract::bf16().silu(&mut f, &a[0]);
+    m.add_func(f, &[y]);
+    let text = m.finish().expect("valid");
+    let ops: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("%v"))
+        .filter_map(|l| l.split(" = ").nth(1))
+        .map(|r| r.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "stablehlo.convert",
+            "stablehlo.negate",
+            "stablehlo.exponential",
+            "stablehlo.constant",
+            "stablehlo.add",
+            "stablehlo.divide",
+            "stablehlo.convert"
+        ]
+    );
+}
