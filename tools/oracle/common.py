@@ -487,13 +487,14 @@ def sha256(path: Path) -> str:
 
 
 def write_provenance(fixture: Path, script: str, reference: str, variants: dict[str, str], check: bool,
-                     extra_versions: tuple[str, ...] = (), notes: list[str] | None = None) -> None:
+                     extra_versions: tuple[str, ...] = (), notes: list[str] | None = None,
+                     dtype: str = "float32") -> None:
     prov = {
         "reference": reference,
         "versions": versions(*extra_versions),
         "seed": SEED,
         "weights": "every float parameter redrawn: matrices N(0, 1/fan_in), vectors default + N(0, 0.1)",
-        "dtype": "float32",
+        "dtype": dtype,
         "prefill_chunk": PREFILL_CHUNK,
         "greedy_tokens": GREEDY_TOKENS,
         "generator": f"tools/oracle/{script}",
@@ -541,21 +542,23 @@ def compare_checkpoint(built: Path, fixture: Path) -> None:
 
 
 def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, check: bool,
-                         notes: list[str] | None = None) -> None:
-    """Build, save, reload and record a text-only decoder fixture with a short and a long (multi-chunk) prompt."""
+                         notes: list[str] | None = None, dtype: torch.dtype = torch.float32) -> None:
+    """Build, save, reload and record a text-only decoder fixture with a short and a long (multi-chunk) prompt.
+
+    dtype: the checkpoint's and the reference run's dtype (the weights are drawn in f32 and rounded once)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     setup_torch()
     fixture = FIXTURES / name
     print(f"{name}:", flush=True)
-    model = randomize(model_cls(config))
+    model = randomize(model_cls(config)).to(dtype)
     out = stage_dir(fixture, check)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if check:
         compare_checkpoint(out, fixture)
 
-    model = AutoModelForCausalLM.from_pretrained(fixture, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(fixture, attn_implementation="eager", dtype=dtype).eval()
     tok = AutoTokenizer.from_pretrained(fixture)
     layer_types = getattr(model.config, "layer_types", None)
     variants = {
@@ -572,8 +575,9 @@ def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, c
         if variant == "long":
             assert g.meta["n_prompt_tokens"] > PREFILL_CHUNK
         write_golden(fixture, variant, g, check)
-    write_provenance(fixture, script, "transformers AutoModelForCausalLM, CPU torch, fp32, eager attention",
-                     variants, check, notes=notes)
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    write_provenance(fixture, script, f"transformers AutoModelForCausalLM, CPU torch, {precision}, eager attention",
+                     variants, check, notes=notes, dtype=str(dtype).removeprefix("torch."))
     finish(fixture)
 
 

@@ -19,7 +19,9 @@ use super::{
 #[derive(Clone, Debug)]
 pub struct DecoderOptions {
     pub shape: BundleShape,
-    pub contract: NumericContract,
+    /// The numeric contract; `None` picks the checkpoint's: f32 weights run
+    /// the f32 contract (the parity reference), bf16 weights the bf16 one.
+    pub contract: Option<NumericContract>,
     pub target: Target,
 }
 
@@ -27,7 +29,7 @@ impl Default for DecoderOptions {
     fn default() -> Self {
         DecoderOptions {
             shape: BundleShape { chunk: 32, capacity: 256, slots: 4 },
-            contract: NumericContract::f32(),
+            contract: None,
             target: Target::host_cpu(),
         }
     }
@@ -147,8 +149,13 @@ impl Decoder {
         }
         let checkpoint = Checkpoint::open(dir)?;
         let names = weight_names(&checkpoint, &config)?;
-        let weights = weight_dtype(&checkpoint, &names, &options.contract)?;
-        let mlir = graph::emit(&config, &names, shape, options.contract, weights)?;
+        let contract = match options.contract {
+            Some(c) => c,
+            None => contract_for(&checkpoint, &names)?,
+        };
+        let options = DecoderOptions { contract: Some(contract), ..options };
+        let weights = weight_dtype(&checkpoint, &names, &contract)?;
+        let mlir = graph::emit(&config, &names, shape, contract, weights)?;
         // For inspecting what the compiler is given.
         if let Some(dir) = std::env::var_os("MLXCEL_DUMP_MLIR") {
             let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.arch.name()));
@@ -171,10 +178,10 @@ impl Decoder {
                 shape.rows(),
                 config.kv_heads,
                 config.head_dim,
-                options.contract.activations
+                contract.activations
             ),
             abi: ABI_SCHEMA.to_owned(),
-            numeric_contract: options.contract.fingerprint(),
+            numeric_contract: contract.fingerprint(),
             compiler: compiler.revision().to_owned(),
             target: options.target.fingerprint(),
         };
@@ -198,6 +205,11 @@ impl Decoder {
             outcome,
             fingerprint,
         })
+    }
+
+    /// The numeric contract the bundle was compiled under.
+    pub fn contract(&self) -> NumericContract {
+        self.options.contract.expect("invariant: resolved at load")
     }
 
     /// What the loaded bundle is compatible with.
@@ -265,7 +277,7 @@ impl Decoder {
         positions: &Positions,
         extras: &Extras,
     ) -> Result<Vec<f32>, DecoderError> {
-        let want = self.options.contract.activations;
+        let want = self.contract().activations;
         let (h, shape) = (self.config.hidden, embeddings.shape());
         if Some(embeddings.dtype()) != runtime_dtype(want) {
             return Err(DecoderError::Embeddings(format!("dtype is {}, the bundle takes {want}", embeddings.dtype())));
@@ -599,6 +611,17 @@ fn weight_names(ckpt: &Checkpoint, config: &TextConfig) -> Result<WeightNames, D
         Some(key.to_owned())
     };
     Ok(WeightNames { prefix: prefix.to_owned(), lm_head })
+}
+
+/// The contract matching the checkpoint's weight dtype.
+fn contract_for(ckpt: &Checkpoint, names: &WeightNames) -> Result<NumericContract, DecoderError> {
+    let key = format!("{}embed_tokens.weight", names.prefix);
+    let found = ckpt.get(&key).map(|e| e.dtype.clone()).unwrap_or_default();
+    match found.as_str() {
+        "F32" => Ok(NumericContract::f32()),
+        "BF16" => Ok(NumericContract::bf16()),
+        _ => Err(DecoderError::WeightDtype { key, found, want: "f32 or bf16".into() }),
+    }
 }
 
 /// The dtype the checkpoint stores the decoder's weights in, which must be
