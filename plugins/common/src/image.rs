@@ -1,0 +1,348 @@
+//! Decoded RGB images and the transformers PIL backend's arithmetic on them: Pillow's
+//! two-pass convolution resampling (8-bit fixed point), then `rescale` (in f64, rounded to
+//! f32) and `normalize` (in f32), channel-first.
+//!
+//! The resampler follows Pillow's `Resample.c` (the algorithm unchanged since Pillow 4.3):
+//! per output pixel a filter window is placed at `(i + 0.5) * scale` in input coordinates,
+//! its support widened by the downscale factor; the weights are computed in f64,
+//! normalised to sum to one, then quantised to signed fixed point with 22 fractional bits
+//! (rounding half away from zero). Each pass accumulates `u8 * weight` in integers starting
+//! from one half, shifts the fraction out and clamps to `0..=255`. The horizontal pass runs
+//! first and its 8-bit output feeds the vertical pass, except that Pillow 13 runs the vertical
+//! pass first when the image shrinks vertically by more than twice its horizontal shrink; a
+//! pass whose size does not change is skipped. Matching these integer steps is what makes the preprocessed tensors equal the
+//! reference's bit for bit rather than within one 8-bit level.
+
+/// Fraction bits of the fixed-point weights (Pillow's `PRECISION_BITS`, `32 - 8 - 2`).
+const PRECISION_BITS: u32 = 22;
+
+/// Why an image cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// Width or height is zero.
+    #[error("the image is empty ({width}x{height})")]
+    Empty { width: u32, height: u32 },
+    /// The pixel buffer does not hold `width * height` RGB pixels.
+    #[error("a {width}x{height} rgb image needs {expected} bytes, got {actual}")]
+    Size { width: u32, height: u32, expected: u64, actual: u64 },
+    /// The bytes are not a decodable PNG.
+    #[error("cannot decode the png: {0}")]
+    Png(String),
+    /// The encoded bytes are in a format this crate does not decode.
+    #[error("unsupported image format (png is decoded; pass other formats as decoded rgb)")]
+    Format,
+}
+
+/// An 8-bit RGB image, row-major, channels interleaved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    width: u32,
+    height: u32,
+    pixels: Vec<u8>,
+}
+
+/// A resampling filter, as Pillow names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resample {
+    /// Pillow's `BILINEAR` (triangle filter, support 1).
+    Bilinear,
+    /// Pillow's `BICUBIC` (Keys cubic with `a = -0.5`, support 2).
+    Bicubic,
+}
+
+impl Resample {
+    /// The filter for a Pillow resampling code (`resample` in processor configs), if supported.
+    pub fn from_pil(code: u32) -> Option<Self> {
+        match code {
+            2 => Some(Resample::Bilinear),
+            3 => Some(Resample::Bicubic),
+            _ => None,
+        }
+    }
+
+    fn support(self) -> f64 {
+        match self {
+            Resample::Bilinear => 1.0,
+            Resample::Bicubic => 2.0,
+        }
+    }
+
+    /// The filter's weight at `x`, with Pillow's expression order.
+    fn weight(self, x: f64) -> f64 {
+        let x = x.abs();
+        match self {
+            Resample::Bilinear => {
+                if x < 1.0 {
+                    1.0 - x
+                } else {
+                    0.0
+                }
+            }
+            Resample::Bicubic => {
+                const A: f64 = -0.5;
+                if x < 1.0 {
+                    ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+                } else if x < 2.0 {
+                    (((x - 5.0) * x + 8.0) * x - 4.0) * A
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
+
+/// The rescale and normalise steps of a processor config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normalize {
+    /// `rescale_factor`, applied in f64 then rounded to f32 (`None`: `do_rescale` false).
+    pub rescale: Option<f64>,
+    /// `image_mean` and `image_std` as f32 (`None`: `do_normalize` false).
+    pub mean_std: Option<([f32; 3], [f32; 3])>,
+}
+
+impl Image {
+    /// Wraps decoded RGB bytes, checking the size.
+    pub fn from_rgb8(width: u32, height: u32, pixels: Vec<u8>) -> Result<Self, ImageError> {
+        if width == 0 || height == 0 {
+            return Err(ImageError::Empty { width, height });
+        }
+        let expected = u64::from(width) * u64::from(height) * 3;
+        if pixels.len() as u64 != expected {
+            return Err(ImageError::Size { width, height, expected, actual: pixels.len() as u64 });
+        }
+        Ok(Self { width, height, pixels })
+    }
+
+    /// Decodes an encoded image; PNG only. Alpha is dropped and grey expanded to RGB, as
+    /// PIL's `convert("RGB")` does for images without transparency.
+    pub fn decode(bytes: &[u8]) -> Result<Self, ImageError> {
+        if !bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            return Err(ImageError::Format);
+        }
+        let png_error = |e: png::DecodingError| ImageError::Png(e.to_string().to_lowercase());
+        let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+        decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+        let mut reader = decoder.read_info().map_err(png_error)?;
+        let size = reader.output_buffer_size().ok_or_else(|| ImageError::Png("the image is too large".into()))?;
+        let mut buffer = vec![0; size];
+        let info = reader.next_frame(&mut buffer).map_err(png_error)?;
+        let data = &buffer[..info.buffer_size()];
+        let pixels: Vec<u8> = match info.color_type {
+            png::ColorType::Rgb => data.to_vec(),
+            png::ColorType::Rgba => data.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
+            png::ColorType::Grayscale => data.iter().flat_map(|&g| [g, g, g]).collect(),
+            png::ColorType::GrayscaleAlpha => data.chunks_exact(2).flat_map(|p| [p[0], p[0], p[0]]).collect(),
+            png::ColorType::Indexed => return Err(ImageError::Png("the palette was not expanded".into())),
+        };
+        Self::from_rgb8(info.width, info.height, pixels)
+    }
+
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// The interleaved RGB bytes.
+    pub fn pixels(&self) -> &[u8] {
+        &self.pixels
+    }
+
+    /// Resizes to `width x height` exactly as Pillow's `Image.resize` (no `box`, no
+    /// `reducing_gap`) does for an RGB image.
+    pub fn resize(&self, width: u32, height: u32, filter: Resample) -> Result<Self, ImageError> {
+        if width == 0 || height == 0 {
+            return Err(ImageError::Empty { width, height });
+        }
+        let (w0, h0) = (self.width as usize, self.height as usize);
+        let (w1, h1) = (width as usize, height as usize);
+        // Pillow 13 runs the vertical pass first when the image shrinks vertically by more
+        // than twice the horizontal shrink (in pixels); measured against Pillow 13.0.0 on
+        // random sizes, since the two orders round the 8-bit intermediate differently.
+        let vertical_first = h1 < h0 && (h0 - h1) as i64 > 2 * (w0 as i64 - w1 as i64);
+        let pixels = if vertical_first {
+            let tall = vertical(&self.pixels, w0, h0, h1, filter);
+            horizontal(&tall, w0, h1, w1, filter)
+        } else {
+            let wide = horizontal(&self.pixels, w0, h0, w1, filter);
+            vertical(&wide, w1, h0, h1, filter)
+        };
+        Ok(Self { width, height, pixels })
+    }
+
+    /// The image as f32, channel-first `[3, height, width]`, rescaled and normalised as
+    /// transformers' numpy `rescale` (`f64(u8) * factor`, rounded to f32) and `normalize`
+    /// (`(x - mean) / std` in f32).
+    pub fn to_chw(&self, normalize: &Normalize) -> Vec<f32> {
+        let plane = self.width as usize * self.height as usize;
+        let mut out = vec![0f32; plane * 3];
+        for (i, px) in self.pixels.chunks_exact(3).enumerate() {
+            for c in 0..3 {
+                let mut v = match normalize.rescale {
+                    Some(factor) => (f64::from(px[c]) * factor) as f32,
+                    None => f32::from(px[c]),
+                };
+                if let Some((mean, std)) = normalize.mean_std {
+                    v = (v - mean[c]) / std[c];
+                }
+                out[c * plane + i] = v;
+            }
+        }
+        out
+    }
+}
+
+/// The horizontal pass: `rows` rows of width `from` resampled to width `to`.
+fn horizontal(pixels: &[u8], from: usize, rows: usize, to: usize, filter: Resample) -> Vec<u8> {
+    if from == to {
+        return pixels.to_vec();
+    }
+    let taps = Taps::new(from, to, filter);
+    let mut out = vec![0u8; to * rows * 3];
+    for y in 0..rows {
+        let row = &pixels[y * from * 3..(y + 1) * from * 3];
+        for x in 0..to {
+            for c in 0..3 {
+                out[(y * to + x) * 3 + c] = taps.apply(x, |i| row[i * 3 + c]);
+            }
+        }
+    }
+    out
+}
+
+/// The vertical pass: columns of height `from` (rows `width` wide) resampled to height `to`.
+fn vertical(pixels: &[u8], width: usize, from: usize, to: usize, filter: Resample) -> Vec<u8> {
+    if from == to {
+        return pixels.to_vec();
+    }
+    let taps = Taps::new(from, to, filter);
+    let mut out = vec![0u8; width * to * 3];
+    for y in 0..to {
+        for x in 0..width {
+            for c in 0..3 {
+                out[(y * width + x) * 3 + c] = taps.apply(y, |i| pixels[(i * width + x) * 3 + c]);
+            }
+        }
+    }
+    out
+}
+
+/// One pass's fixed-point filter taps: per output index, the first input index and weights.
+struct Taps {
+    ksize: usize,
+    bounds: Vec<(usize, usize)>,
+    weights: Vec<i32>,
+}
+
+impl Taps {
+    /// Pillow's `precompute_coeffs` followed by `normalize_coeffs_8bpc`.
+    fn new(in_size: usize, out_size: usize, filter: Resample) -> Self {
+        // Pillow computes the box extent in f32 and the scale in f64.
+        let scale = f64::from(in_size as f32) / out_size as f64;
+        let filterscale = scale.max(1.0);
+        let support = filter.support() * filterscale;
+        let ksize = support.ceil() as usize * 2 + 1;
+        let mut bounds = Vec::with_capacity(out_size);
+        let mut weights = vec![0i32; out_size * ksize];
+        let mut k = vec![0f64; ksize];
+        for xx in 0..out_size {
+            let center = (xx as f64 + 0.5) * scale;
+            let ss = 1.0 / filterscale;
+            // C's `(int)` truncates toward zero; the clamps follow.
+            let xmin = ((center - support + 0.5) as i64).max(0) as usize;
+            let xmax = ((center + support + 0.5) as i64).min(in_size as i64) as usize;
+            let count = xmax.saturating_sub(xmin).min(ksize);
+            let mut total = 0.0;
+            k.fill(0.0);
+            for (x, slot) in k.iter_mut().enumerate().take(count) {
+                let w = filter.weight(((x + xmin) as f64 - center + 0.5) * ss);
+                *slot = w;
+                total += w;
+            }
+            for (x, slot) in k.iter().enumerate() {
+                let v = if total != 0.0 && x < count { slot / total } else { *slot };
+                let fixed = v * f64::from(1u32 << PRECISION_BITS);
+                weights[xx * ksize + x] = if v < 0.0 { (-0.5 + fixed) as i32 } else { (0.5 + fixed) as i32 };
+            }
+            bounds.push((xmin, count));
+        }
+        Self { ksize, bounds, weights }
+    }
+
+    /// The output value at `index`, reading input samples through `sample`.
+    fn apply(&self, index: usize, sample: impl Fn(usize) -> u8) -> u8 {
+        let (start, count) = self.bounds[index];
+        let k = &self.weights[index * self.ksize..index * self.ksize + count];
+        let mut acc: i64 = 1 << (PRECISION_BITS - 1);
+        for (i, &w) in k.iter().enumerate() {
+            acc += i64::from(sample(start + i)) * i64::from(w);
+        }
+        (acc >> PRECISION_BITS).clamp(0, 255) as u8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gradient(width: u32, height: u32) -> Image {
+        let pixels = (0..height)
+            .flat_map(|y| {
+                (0..width).flat_map(move |x| [(x * 7 % 256) as u8, (y * 11 % 256) as u8, ((x + y) * 5) as u8])
+            })
+            .collect();
+        Image::from_rgb8(width, height, pixels).expect("image")
+    }
+
+    #[test]
+    fn resizing_to_the_same_size_is_the_identity() {
+        let image = gradient(9, 5);
+        assert_eq!(image.resize(9, 5, Resample::Bicubic).expect("resize"), image);
+    }
+
+    #[test]
+    fn a_flat_image_stays_flat_through_both_passes() {
+        let image = Image::from_rgb8(13, 7, [10u8, 200, 255].repeat(13 * 7)).expect("image");
+        for (w, h) in [(28, 14), (5, 3), (13, 20)] {
+            for filter in [Resample::Bicubic, Resample::Bilinear] {
+                let out = image.resize(w, h, filter).expect("resize");
+                assert!(out.pixels().chunks_exact(3).all(|p| p == [10, 200, 255]), "{w}x{h} {filter:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn taps_sum_to_one_in_fixed_point_within_rounding() {
+        for (from, to) in [(100, 112), (60, 56), (90, 84), (50, 56), (7, 3)] {
+            let taps = Taps::new(from, to, Resample::Bicubic);
+            for i in 0..to {
+                let (_, count) = taps.bounds[i];
+                let sum: i64 = taps.weights[i * taps.ksize..i * taps.ksize + count].iter().map(|&w| i64::from(w)).sum();
+                assert!((sum - (1 << PRECISION_BITS)).abs() <= count as i64, "{from}->{to} at {i}: {sum}");
+            }
+        }
+    }
+
+    #[test]
+    fn rescale_rounds_through_f64_and_normalise_runs_in_f32() {
+        let image = Image::from_rgb8(1, 1, vec![0, 128, 255]).expect("image");
+        let norm = Normalize { rescale: Some(1.0 / 255.0), mean_std: Some(([0.5; 3], [0.25; 3])) };
+        let chw = image.to_chw(&norm);
+        assert_eq!(chw[0], (0.0f32 - 0.5) / 0.25);
+        assert_eq!(chw[1], ((128.0f64 / 255.0) as f32 - 0.5) / 0.25);
+        assert_eq!(chw[2], (1.0f32 - 0.5) / 0.25);
+    }
+
+    #[test]
+    fn bad_buffers_and_formats_are_named() {
+        assert_eq!(Image::from_rgb8(0, 3, vec![]), Err(ImageError::Empty { width: 0, height: 3 }));
+        let short = Image::from_rgb8(2, 2, vec![0; 11]).expect_err("short");
+        assert_eq!(short.to_string(), "a 2x2 rgb image needs 12 bytes, got 11");
+        assert_eq!(Image::decode(b"GIF89a"), Err(ImageError::Format));
+        let corrupt = Image::decode(b"\x89PNG\r\n\x1a\n\0\0\0").expect_err("corrupt");
+        assert!(matches!(corrupt, ImageError::Png(_)), "{corrupt}");
+    }
+}

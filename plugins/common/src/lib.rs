@@ -1,0 +1,14 @@
+//! Preprocessing shared by the family plugins, written once so every family resizes,
+//! rescales and patchifies with the same arithmetic as the reference processors.
+//!
+//! - [`image`]: decoded RGB images, PNG decoding, Pillow-exact resampling, rescale and
+//!   normalise (transformers' PIL backend);
+//! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify.
+
+#![forbid(unsafe_code)]
+
+pub mod image;
+pub mod patches;
+
+pub use image::{Image, ImageError, Normalize, Resample};
+pub use patches::{PatchGrid, Patchify, ResizeError, smart_resize};
