@@ -1,0 +1,148 @@
+//! The Qwen2-VL family plugin for mlxcel-host.
+//!
+//! Accepts `Qwen2VLForConditionalGeneration` (`model_type` `qwen2_vl`). The reference is
+//! transformers' `models/qwen2_vl` (`image_processing_pil_qwen2_vl.py` for the processor,
+//! `modeling_qwen2_vl.py` for the vision tower and `get_rope_index`), at the version the
+//! fixture's provenance records.
+//!
+//! - `config.rs`: the typed `config.json` and processor config;
+//! - `processor.rs`: images to `pixel_values`, `image_grid_thw` and the per-row encoder inputs;
+//! - `prompt.rs`: `<|image_pad|>` expansion;
+//! - `vision.rs`: the vision tower as StableHLO, per bucket of patch rows;
+//! - `contract.rs`: placements, the causal mask and M-RoPE positions.
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod contract;
+mod processor;
+mod prompt;
+mod vision;
+
+use mlxcel_plugin_api::{
+    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest,
+    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillContract,
+    PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
+};
+
+pub use config::Qwen2VlConfig;
+
+/// The family.
+#[derive(Debug)]
+pub struct Qwen2Vl;
+
+impl FamilyPlugin for Qwen2Vl {
+    type Config = Qwen2VlConfig;
+
+    fn identity() -> PluginIdentity {
+        PluginIdentity {
+            name: "qwen2-vl".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            architectures: RVec::from(vec![RString::from("Qwen2VLForConditionalGeneration")]),
+            model_types: RVec::from(vec![RString::from("qwen2_vl")]),
+            modalities: RVec::from(vec![Modality::Image]),
+            capabilities: RVec::from(vec![Capability::Image, Capability::MultiImage]),
+            references: RVec::from(vec![RString::from(
+                "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/qwen2_vl",
+            )]),
+        }
+    }
+
+    fn parse_config(config_json: &str, processor_json: &str) -> Result<ParsedConfig<Qwen2VlConfig>, PluginError> {
+        let config = Qwen2VlConfig::parse(config_json, processor_json)?;
+        let token = |role: &str, id: u32| SpecialToken { role: role.into(), id };
+        let summary = ConfigSummary {
+            model_type: config.model_type.as_str().into(),
+            architecture: config.architecture.as_str().into(),
+            modalities: RVec::from(vec![Modality::Image]),
+            text_hidden_size: config.text_hidden_size,
+            special_tokens: RVec::from(vec![
+                token("image_pad", config.image_token_id),
+                token("video_pad", config.video_token_id),
+                token("vision_start", config.vision_start_token_id),
+                token("vision_end", config.vision_end_token_id),
+            ]),
+        };
+        Ok(ParsedConfig { summary, config })
+    }
+
+    fn prompt_layout(config: &Qwen2VlConfig, request: &LayoutRequest) -> Result<PromptLayout, PluginError> {
+        prompt::layout(config, request)
+    }
+
+    fn preprocess(
+        config: &Qwen2VlConfig,
+        item: &MediaItem,
+        options: &PreprocessOptions,
+    ) -> Result<Preprocessed, PluginError> {
+        processor::preprocess(config, item, options)
+    }
+
+    fn encoder_buckets(config: &Qwen2VlConfig, modality: Modality) -> Result<Vec<ShapeBucket>, PluginError> {
+        vision::buckets(config, modality)
+    }
+
+    fn encoder_graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request)
+    }
+
+    fn prefill_contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+        contract::contract(config, request)
+    }
+
+    fn check_checkpoint(config: &Qwen2VlConfig, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
+        let mut problems = Vec::new();
+        for (key, shape) in vision::parameters(config) {
+            let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            match index.tensors.iter().find(|t| t.name.as_str() == key) {
+                None => problems.push(format!("the checkpoint has no `{key}`")),
+                Some(t) if t.shape.as_slice() != want.as_slice() => problems
+                    .push(format!("`{key}` has shape {:?}, the vision config needs {want:?}", t.shape.as_slice())),
+                Some(t) if t.dtype != mlxcel_plugin_api::DType::F32 => {
+                    problems.push(format!("`{key}` is {}; the encoder graph reads f32 weights", t.dtype.as_str()))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(CheckpointReport { problems: problems.into_iter().map(RString::from).collect() })
+    }
+}
+
+mlxcel_plugin_api::export_plugin!(Qwen2Vl);
+
+/// Fixture access for the unit tests.
+#[cfg(test)]
+mod testing {
+    use mlxcel_golden::{Fixture, Golden};
+    use mlxcel_plugin_api::{MediaGrid, MediaItem};
+
+    use crate::config::Qwen2VlConfig;
+
+    /// Each variant with the grids the reference processor gave its images (`image_grid_thw`).
+    pub(crate) const VARIANT_GRIDS: [(&str, &[[u32; 3]]); 4] =
+        [("image", &[[1, 4, 8]]), ("long", &[[1, 4, 8]]), ("two_images", &[[1, 4, 8], [1, 6, 4]]), ("text_only", &[])];
+
+    fn fixture() -> Fixture {
+        Fixture::named("qwen2_vl").expect("the qwen2_vl fixture")
+    }
+
+    pub(crate) fn fixture_config() -> Qwen2VlConfig {
+        let dir = fixture();
+        let read = |name: &str| std::fs::read_to_string(dir.dir().join(name)).expect("read");
+        Qwen2VlConfig::parse(&read("config.json"), &read("processor_config.json")).expect("parse")
+    }
+
+    pub(crate) fn golden(variant: &str) -> Golden {
+        fixture().golden(variant).expect("golden")
+    }
+
+    pub(crate) fn grid(config: &Qwen2VlConfig, dims: [u32; 3]) -> MediaGrid {
+        let merge = config.vision.spatial_merge_size as u32;
+        MediaGrid { dims: dims.to_vec().into(), feature_tokens: dims[0] * dims[1] * dims[2] / (merge * merge) }
+    }
+
+    /// A fixture input as the encoded file.
+    pub(crate) fn image_item(path: &str) -> MediaItem {
+        MediaItem::EncodedImage(std::fs::read(fixture().dir().join(path)).expect("read image").into())
+    }
+}

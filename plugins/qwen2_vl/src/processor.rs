@@ -1,0 +1,164 @@
+//! The image processor (`Qwen2VLImageProcessor`, PIL backend): `smart_resize` to multiples of
+//! `patch * merge` within the pixel bounds, Pillow's resampling, rescale, normalise, the still
+//! image repeated over `temporal_patch_size` frames, and merge-ordered patch rows.
+//!
+//! Besides the reference's `pixel_values` `[patches, C*T*P*P]` and `image_grid_thw` `[1, 3]`,
+//! each item carries what the encoder graph needs per patch row, so a graph compiled for a
+//! bucket serves any grid that fits it:
+//! - `patch_positions` `[patches, 2]` i32: the row's (h, w) patch coordinates, for the 2-D
+//!   rotary embedding;
+//! - `patch_segments` `[patches]` i32: 2 on an image's first row, 1 on its other rows (0 is
+//!   the host's zero padding), so attention stays within each image even when several
+//!   images' rows are concatenated into one call.
+
+use mlxcel_family_common::{Image, Normalize, Patchify, Resample, smart_resize};
+use mlxcel_plugin_api::{MediaGrid, MediaItem, PluginError, PreprocessOptions, Preprocessed, Tensor};
+
+use crate::config::Qwen2VlConfig;
+
+/// Encoder input names shared with the graph.
+pub(crate) const PIXEL_VALUES: &str = "pixel_values";
+pub(crate) const GRID_THW: &str = "image_grid_thw";
+pub(crate) const PATCH_POSITIONS: &str = "patch_positions";
+pub(crate) const PATCH_SEGMENTS: &str = "patch_segments";
+
+/// Segment marks of [`PATCH_SEGMENTS`].
+pub(crate) const SEGMENT_START: i32 = 2;
+pub(crate) const SEGMENT_CONTINUE: i32 = 1;
+
+/// One image to encoder inputs. `options.max_pixels` and `min_pixels` tighten the processor's
+/// own bounds on the resized area (they never loosen them).
+pub(crate) fn preprocess(
+    config: &Qwen2VlConfig,
+    item: &MediaItem,
+    options: &PreprocessOptions,
+) -> Result<Preprocessed, PluginError> {
+    let image = match item {
+        MediaItem::Rgb8 { width, height, pixels } => Image::from_rgb8(*width, *height, pixels.to_vec()),
+        MediaItem::EncodedImage(bytes) => Image::decode(bytes),
+        _ => return Err(PluginError::unsupported("qwen2-vl preprocesses images only")),
+    }
+    .map_err(|e| PluginError::invalid(e.to_string()))?;
+    let p = &config.processor;
+    let max_pixels = options.max_pixels.into_option().map_or(p.max_pixels, |m| m.min(p.max_pixels));
+    let min_pixels = options.min_pixels.into_option().map_or(p.min_pixels, |m| m.max(p.min_pixels));
+    let factor = (p.patch_size * p.merge_size) as u32;
+    let (height, width) = if p.do_resize {
+        smart_resize(image.height(), image.width(), factor, min_pixels, max_pixels)
+            .map_err(|e| PluginError::invalid(e.to_string()))?
+    } else {
+        (image.height(), image.width())
+    };
+    if height % factor != 0 || width % factor != 0 || height == 0 || width == 0 {
+        return Err(PluginError::invalid(format!(
+            "a {width}x{height} image is not a multiple of {factor} pixels per side and resizing is off"
+        )));
+    }
+    if u64::from(height) * u64::from(width) > max_pixels {
+        return Err(PluginError::too_large(format!(
+            "{}x{} resizes to {width}x{height}, more than {max_pixels} pixels",
+            image.width(),
+            image.height()
+        )));
+    }
+    let resized = if (height, width) == (image.height(), image.width()) {
+        image
+    } else {
+        let filter = Resample::from_pil(p.resample)
+            .ok_or_else(|| PluginError::unsupported(format!("pil resampling filter {}", p.resample)))?;
+        image.resize(width, height, filter).map_err(|e| PluginError::invalid(e.to_string()))?
+    };
+    let chw = resized.to_chw(&Normalize { rescale: p.rescale_factor, mean_std: p.mean_std });
+    let patchify = Patchify { patch: p.patch_size, merge: p.merge_size, temporal: p.temporal_patch_size };
+    let (rows, grid) = patchify.patchify(&chw, 3, height as usize, width as usize);
+    let n = grid.patches();
+
+    let m = p.merge_size;
+    let mut positions = Vec::with_capacity(n * 2);
+    for bh in 0..grid.h / m {
+        for bw in 0..grid.w / m {
+            for mh in 0..m {
+                for mw in 0..m {
+                    positions.extend([(bh * m + mh) as i32, (bw * m + mw) as i32]);
+                }
+            }
+        }
+    }
+    let mut segments = vec![SEGMENT_CONTINUE; n];
+    segments[0] = SEGMENT_START;
+
+    let n64 = n as u64;
+    let dims = [grid.t as u32, grid.h as u32, grid.w as u32];
+    let tensors = vec![
+        Tensor::from_f32(PIXEL_VALUES, &[n64, patchify.row_width(3) as u64], &rows)?,
+        Tensor::from_i64(GRID_THW, &[1, 3], &dims.map(i64::from))?,
+        i32_tensor(PATCH_POSITIONS, &[n64, 2], &positions)?,
+        i32_tensor(PATCH_SEGMENTS, &[n64], &segments)?,
+    ];
+    let feature_tokens = (n / (m * m)) as u32;
+    Ok(Preprocessed { tensors: tensors.into(), grid: MediaGrid { dims: dims.to_vec().into(), feature_tokens } })
+}
+
+fn i32_tensor(name: &str, shape: &[u64], values: &[i32]) -> Result<Tensor, PluginError> {
+    let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Tensor::from_bytes(mlxcel_plugin_api::TensorSpec::new(name, mlxcel_plugin_api::DType::I32, shape), data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fixture_config, golden, image_item};
+
+    #[test]
+    fn pixel_values_and_grids_match_the_goldens_to_1e_6() {
+        let config = fixture_config();
+        for variant in ["image", "two_images", "long"] {
+            let golden = golden(variant);
+            let images = golden.field("images").expect("images").as_array().expect("list").clone();
+            let mut pixels = Vec::new();
+            let mut grids = Vec::new();
+            for path in &images {
+                let item = image_item(path.as_str().expect("path"));
+                let out = preprocess(&config, &item, &PreprocessOptions::default()).expect("preprocess");
+                pixels.extend(out.tensors[0].to_f32().expect("f32"));
+                grids.extend(out.grid.dims.iter().map(|&d| i64::from(d)));
+                assert_eq!(out.grid.feature_tokens, out.grid.dims.iter().product::<u32>() / 4);
+            }
+            golden.check_i64("image_grid_thw", &grids).expect(variant);
+            let report = golden
+                .check_f32("pixel_values", &pixels, mlxcel_golden::Tolerance::abs(1e-6))
+                .unwrap_or_else(|e| panic!("{variant}: {e}"));
+            assert!(report.max_abs_diff <= 1e-6, "{variant}: {report:?}");
+        }
+    }
+
+    #[test]
+    fn positions_follow_the_merge_order_and_segments_mark_the_first_row() {
+        let config = fixture_config();
+        let out = preprocess(&config, &image_item("inputs/wide.png"), &PreprocessOptions::default()).expect("ok");
+        let positions = &out.tensors[2];
+        let values: Vec<i32> =
+            positions.data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        // Grid 4x8: the first merge block is (0,0) (0,1) (1,0) (1,1), the next starts at (0,2).
+        assert_eq!(&values[..10], &[0, 0, 0, 1, 1, 0, 1, 1, 0, 2]);
+        let segments = &out.tensors[3].data;
+        assert_eq!(&segments[..8], &[2, 0, 0, 0, 1, 0, 0, 0]);
+    }
+
+    #[test]
+    fn bad_images_get_clear_errors() {
+        let config = fixture_config();
+        let options = PreprocessOptions::default();
+        let corrupt = MediaItem::EncodedImage(b"\x89PNG\r\n\x1a\ngarbage".to_vec().into());
+        let err = preprocess(&config, &corrupt, &options).expect_err("corrupt");
+        assert!(err.message.starts_with("cannot decode the png"), "{err}");
+        let thin = MediaItem::Rgb8 { width: 1, height: 300, pixels: vec![0; 900].into() };
+        let err = preprocess(&config, &thin, &options).expect_err("aspect");
+        assert!(err.message.contains("aspect ratio"), "{err}");
+        let audio = MediaItem::PcmF32 { sample_rate: 16000, channels: 1, samples: vec![0.0].into() };
+        assert_eq!(
+            preprocess(&config, &audio, &options).expect_err("audio").code,
+            mlxcel_plugin_api::ErrorCode::Unsupported
+        );
+    }
+}
