@@ -3,3 +3,4 @@
 mod decoder;
 mod generate;
 mod plugins;
+mod qwen2_vl;
