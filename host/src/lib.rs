@@ -4,5 +4,6 @@
 #![forbid(unsafe_code)]
 
 pub mod decoder;
+pub mod engine;
 pub mod sampling;
 pub mod text;

@@ -1,0 +1,487 @@
+//! The continuous-batch scheduler as a pure state machine: requests wait in a
+//! bounded FIFO queue, are admitted into a fixed number of KV slots, prefilled
+//! and then decoded together, one batched decode per step. It owns each
+//! request's logical token history and sampler; the caller (the engine
+//! thread) runs the prefills and decodes it asks for and hands back logits.
+//!
+//! The protocol, all on one thread:
+//!
+//! - [`Scheduler::submit`] queues a request or refuses it (queue full, or the
+//!   prompt plus `max_tokens` does not fit the context);
+//! - [`Scheduler::plan`] returns the next [`Step`]: the prefills admitted this
+//!   step (each with its input, moved out) and one batched decode of every
+//!   slot that has a token to feed;
+//! - [`Scheduler::complete`] takes that step's logits, samples each slot's
+//!   next token and returns [`Action`]s: tokens, finished requests and the
+//!   slots to release;
+//! - [`Scheduler::cancel`] may come at any time, including between `plan` and
+//!   `complete`.
+//!
+//! The caller executes every returned [`Action::Release`] before the next
+//! `plan`, since a released slot may be prefilled again in that step.
+
+use std::{collections::VecDeque, fmt, time::Duration};
+
+use crate::sampling::Sampler;
+
+/// A request's identity, assigned by [`Scheduler::submit`] in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "r{}", self.0)
+    }
+}
+
+/// A prepared prompt: whatever the engine prefills from embeddings. The
+/// scheduler only needs its number of cache rows; the payload itself (large
+/// host buffers) is owned, moved to the engine with the prefill that uses it
+/// and dropped there, or dropped here when the request is refused or
+/// cancelled before its prefill.
+pub trait Prepared {
+    /// Cache rows the prefill writes (the expanded prompt length).
+    fn rows(&self) -> usize;
+}
+
+/// What a request's prefill starts from.
+#[derive(Debug)]
+pub enum PendingInput<P> {
+    /// Token ids, embedded by the decoder itself.
+    Tokens(Vec<u32>),
+    /// Prepared embeddings (text with media features merged in).
+    Embeddings(P),
+}
+
+impl<P: Prepared> PendingInput<P> {
+    /// Cache rows the prefill writes.
+    pub fn rows(&self) -> usize {
+        match self {
+            PendingInput::Tokens(t) => t.len(),
+            PendingInput::Embeddings(p) => p.rows(),
+        }
+    }
+}
+
+/// One request as the scheduler takes it.
+#[derive(Debug)]
+pub struct Request<P> {
+    /// The prompt's logical tokens: what penalties, stop strings and usage
+    /// count. For an embeddings prompt this differs from the cache rows
+    /// (a media item is one logical part but many rows).
+    pub prompt_tokens: Vec<u32>,
+    pub input: PendingInput<P>,
+    /// At most this many new tokens; `None` runs until the context is full.
+    pub max_tokens: Option<usize>,
+    /// Token ids that end the request (not emitted, not counted).
+    pub stop_tokens: Vec<u32>,
+    pub sampler: Sampler,
+}
+
+/// Sizes and policy.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// KV slots of the decoder bundle.
+    pub slots: usize,
+    /// Cache rows per slot (the bundle's context capacity).
+    pub capacity: usize,
+    /// Requests that may wait for a slot; past it, submissions are refused.
+    pub queue_bound: usize,
+    /// Prefills admitted per step, so that prefills do not starve the
+    /// decoding slots.
+    pub prefills_per_step: usize,
+    /// The `Retry-After` hint of a queue-full refusal.
+    pub retry_after: Duration,
+}
+
+/// Why a request was refused at submission; nothing of it is kept.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the queue is full ({depth} waiting); retry after {}s", retry_after.as_secs())]
+    QueueFull { depth: usize, retry_after: Duration },
+    #[error(
+        "the prompt takes {prompt_rows} cache rows and asks for up to {max_tokens} new tokens; {} exceeds the context capacity of {capacity}",
+        prompt_rows + max_tokens
+    )]
+    ContextExceeded { prompt_rows: usize, max_tokens: usize, capacity: usize },
+    #[error("the prompt takes {prompt_rows} cache rows, more than the context capacity of {capacity}")]
+    PromptTooLong { prompt_rows: usize, capacity: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+}
+
+/// Misuse of the step protocol by the caller.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("a step is in flight; complete it before planning the next")]
+    StepInFlight,
+    #[error("no step is in flight")]
+    NoStepInFlight,
+}
+
+/// Why a request ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// One of its stop tokens was sampled.
+    Stop {
+        token: u32,
+    },
+    /// `max_tokens` were generated.
+    Length,
+    /// The slot's context is full.
+    Capacity,
+    Cancelled,
+    /// Prefill, decode or sampling failed.
+    Error(String),
+}
+
+/// What a finished request used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Logical prompt tokens.
+    pub prompt_tokens: usize,
+    /// Tokens generated (a stop token not included).
+    pub completion_tokens: usize,
+    /// Cache rows the slot held at the end (expanded prompt plus fed tokens).
+    pub cache_rows: usize,
+}
+
+/// What the caller does after `complete` or `cancel`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Free the decoder's slot (`Decoder::release`). Emitted exactly once per
+    /// prefill admitted into that slot.
+    Release { slot: usize },
+    /// A new token of a request.
+    Token { id: RequestId, token: u32 },
+    /// The request ended; emitted exactly once per accepted request.
+    Finished { id: RequestId, reason: FinishReason, usage: Usage },
+}
+
+/// One prefill of a step; the engine drops `input` once it has run it.
+#[derive(Debug)]
+pub struct PrefillWork<P> {
+    pub id: RequestId,
+    pub slot: usize,
+    pub input: PendingInput<P>,
+}
+
+/// The work of one step: the prefills first, then one batched decode.
+#[derive(Debug)]
+pub struct Step<P> {
+    pub prefill: Vec<PrefillWork<P>>,
+    /// `(slot, token)` for `Decoder::decode`, in slot order.
+    pub decode: Vec<(usize, u32)>,
+}
+
+/// The logits of a step, in the order of its [`Step`].
+#[derive(Clone, Debug)]
+pub struct StepResult {
+    /// Per prefill, the logits of its last row, or why it failed.
+    pub prefill: Vec<Result<Vec<f32>, String>>,
+    /// Per decoded slot, its logits; or why the batched decode failed.
+    pub decode: Result<Vec<Vec<f32>>, String>,
+}
+
+/// Where a request sits once it owns a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Its prefill, of this many rows, is in flight.
+    Prefilling { rows: usize },
+    /// It has a token to feed at the next decode.
+    Ready(u32),
+    /// Its decode is in flight.
+    Decoding,
+}
+
+#[derive(Debug)]
+struct Queued<P> {
+    id: RequestId,
+    request: Request<P>,
+}
+
+#[derive(Debug)]
+struct Active {
+    id: RequestId,
+    phase: Phase,
+    /// Logical tokens: the prompt's, then every generated token.
+    history: Vec<u32>,
+    prompt_tokens: usize,
+    generated: usize,
+    /// Cache rows written (expanded prompt plus fed tokens).
+    cache_len: usize,
+    max_tokens: Option<usize>,
+    stop_tokens: Vec<u32>,
+    sampler: Sampler,
+    /// Cancelled while its step was in flight: finished already, the slot is
+    /// released when the step completes.
+    cancelled: bool,
+}
+
+impl Active {
+    fn usage(&self) -> Usage {
+        Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.generated, cache_rows: self.cache_len }
+    }
+}
+
+/// A view of a request in a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress<'a> {
+    pub slot: usize,
+    /// Logical tokens: prompt then generated.
+    pub history: &'a [u32],
+    /// Cache rows written.
+    pub cache_len: usize,
+}
+
+/// The state machine. `P` is the prepared-prompt payload.
+#[derive(Debug)]
+pub struct Scheduler<P> {
+    config: SchedulerConfig,
+    queue: VecDeque<Queued<P>>,
+    slots: Vec<Option<Active>>,
+    in_flight: Option<InFlight>,
+    next_id: u64,
+}
+
+/// The slots of the step in flight, in the order of its results.
+#[derive(Debug)]
+struct InFlight {
+    prefill: Vec<usize>,
+    decode: Vec<usize>,
+}
+
+impl<P: Prepared> Scheduler<P> {
+    pub fn new(config: SchedulerConfig) -> Self {
+        let slots = (0..config.slots).map(|_| None).collect();
+        Scheduler { config, queue: VecDeque::new(), slots, in_flight: None, next_id: 0 }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Slots owned by a request (including ones awaiting release).
+    pub fn active_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// The request owning `slot`.
+    pub fn slot_owner(&self, slot: usize) -> Option<RequestId> {
+        self.slots.get(slot)?.as_ref().map(|a| a.id)
+    }
+
+    /// Whether nothing is queued, owned or in flight.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.in_flight.is_none() && self.slots.iter().all(Option::is_none)
+    }
+
+    /// A slotted request's history and cache length.
+    pub fn progress(&self, id: RequestId) -> Option<Progress<'_>> {
+        self.slots.iter().enumerate().find_map(|(slot, a)| match a {
+            Some(a) if a.id == id => Some(Progress { slot, history: &a.history, cache_len: a.cache_len }),
+            _ => None,
+        })
+    }
+
+    /// Queues a request, or refuses it; a refused request (its payload
+    /// included) is dropped here.
+    pub fn submit(&mut self, request: Request<P>) -> Result<RequestId, SubmitError> {
+        let (rows, capacity) = (request.input.rows(), self.config.capacity);
+        if rows == 0 {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        match request.max_tokens {
+            Some(0) => return Err(SubmitError::ZeroMaxTokens),
+            // Conservative: room for every new token's row, so a request
+            // with `max_tokens` always ends by length, never by capacity.
+            Some(max_tokens) if rows + max_tokens > capacity => {
+                return Err(SubmitError::ContextExceeded { prompt_rows: rows, max_tokens, capacity });
+            }
+            None if rows > capacity => return Err(SubmitError::PromptTooLong { prompt_rows: rows, capacity }),
+            _ => {}
+        }
+        if self.queue.len() >= self.config.queue_bound {
+            return Err(SubmitError::QueueFull { depth: self.queue.len(), retry_after: self.config.retry_after });
+        }
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.queue.push_back(Queued { id, request });
+        Ok(id)
+    }
+
+    /// Cancels a request wherever it is. Queued: dequeued (its payload
+    /// dropped). In a slot with no step in flight: released now. In a step in
+    /// flight: finished now, released when the step completes. Unknown or
+    /// finished requests: nothing.
+    pub fn cancel(&mut self, id: RequestId) -> Vec<Action> {
+        if let Some(at) = self.queue.iter().position(|q| q.id == id) {
+            let prompt_tokens = self.queue.remove(at).map_or(0, |q| q.request.prompt_tokens.len());
+            let usage = Usage { prompt_tokens, completion_tokens: 0, cache_rows: 0 };
+            return vec![Action::Finished { id, reason: FinishReason::Cancelled, usage }];
+        }
+        let Some(slot) = self.slots.iter().position(|a| a.as_ref().is_some_and(|a| a.id == id && !a.cancelled)) else {
+            return Vec::new();
+        };
+        let Some(active) = self.slots[slot].as_mut() else {
+            return Vec::new();
+        };
+        match active.phase {
+            Phase::Ready(_) => {
+                let usage = active.usage();
+                self.slots[slot] = None;
+                vec![Action::Release { slot }, Action::Finished { id, reason: FinishReason::Cancelled, usage }]
+            }
+            Phase::Prefilling { .. } | Phase::Decoding => {
+                active.cancelled = true;
+                vec![Action::Finished { id, reason: FinishReason::Cancelled, usage: active.usage() }]
+            }
+        }
+    }
+
+    /// The next step: up to `prefills_per_step` queued requests admitted
+    /// (FIFO) into free slots, the lowest first, and one decode of every slot
+    /// with a token to feed. `None` when there is nothing to do.
+    pub fn plan(&mut self) -> Result<Option<Step<P>>, SchedulerError> {
+        if self.in_flight.is_some() {
+            return Err(SchedulerError::StepInFlight);
+        }
+        // Slots prefilled in this step decode from the next one: their first
+        // token comes from the prefill's logits.
+        let decode: Vec<(usize, u32)> = self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(slot, a)| {
+                let a = a.as_mut()?;
+                let Phase::Ready(token) = a.phase else { return None };
+                a.phase = Phase::Decoding;
+                Some((slot, token))
+            })
+            .collect();
+        let mut prefill = Vec::new();
+        while prefill.len() < self.config.prefills_per_step {
+            let Some(slot) = self.slots.iter().position(Option::is_none) else { break };
+            let Some(Queued { id, request }) = self.queue.pop_front() else { break };
+            let Request { prompt_tokens, input, max_tokens, stop_tokens, sampler } = request;
+            self.slots[slot] = Some(Active {
+                id,
+                phase: Phase::Prefilling { rows: input.rows() },
+                prompt_tokens: prompt_tokens.len(),
+                history: prompt_tokens,
+                generated: 0,
+                cache_len: 0,
+                max_tokens,
+                stop_tokens,
+                sampler,
+                cancelled: false,
+            });
+            prefill.push(PrefillWork { id, slot, input });
+        }
+        if prefill.is_empty() && decode.is_empty() {
+            return Ok(None);
+        }
+        self.in_flight = Some(InFlight {
+            prefill: prefill.iter().map(|p| p.slot).collect(),
+            decode: decode.iter().map(|&(slot, _)| slot).collect(),
+        });
+        Ok(Some(Step { prefill, decode }))
+    }
+
+    /// Takes the logits of the step in flight, samples each slot's next
+    /// token and returns what follows. A result that does not match the step
+    /// (wrong counts) fails every request of the step.
+    pub fn complete(&mut self, result: StepResult) -> Result<Vec<Action>, SchedulerError> {
+        let flight = self.in_flight.take().ok_or(SchedulerError::NoStepInFlight)?;
+        let mut actions = Vec::new();
+        if result.prefill.len() != flight.prefill.len() {
+            let error = format!("{} prefill results for {} prefills", result.prefill.len(), flight.prefill.len());
+            for &slot in &flight.prefill {
+                self.finish(slot, FinishReason::Error(error.clone()), &mut actions);
+            }
+        } else {
+            for (&slot, logits) in flight.prefill.iter().zip(result.prefill) {
+                if let (Some(a), Ok(_)) = (self.slots[slot].as_mut(), &logits)
+                    && let Phase::Prefilling { rows } = a.phase
+                {
+                    a.cache_len = rows;
+                }
+                self.advance(slot, logits, &mut actions);
+            }
+        }
+        match result.decode {
+            Ok(rows) if rows.len() == flight.decode.len() => {
+                for (&slot, logits) in flight.decode.iter().zip(rows) {
+                    if let Some(a) = self.slots[slot].as_mut() {
+                        // The token fed by this decode now has its row.
+                        a.cache_len += 1;
+                    }
+                    self.advance(slot, Ok(logits), &mut actions);
+                }
+            }
+            Ok(rows) => {
+                let error = format!("{} decode results for {} slots", rows.len(), flight.decode.len());
+                for &slot in &flight.decode {
+                    self.finish(slot, FinishReason::Error(error.clone()), &mut actions);
+                }
+            }
+            Err(error) => {
+                for &slot in &flight.decode {
+                    self.finish(slot, FinishReason::Error(error.clone()), &mut actions);
+                }
+            }
+        }
+        Ok(actions)
+    }
+
+    /// One slot's logits (or failure) from the step in flight.
+    fn advance(&mut self, slot: usize, logits: Result<Vec<f32>, String>, actions: &mut Vec<Action>) {
+        let Some(active) = self.slots[slot].as_mut() else { return };
+        if active.cancelled {
+            self.finish(slot, FinishReason::Cancelled, actions);
+            return;
+        }
+        let token = match logits.and_then(|l| active.sampler.sample(&l).map_err(|e| e.to_string())) {
+            Ok(token) => token,
+            Err(error) => {
+                self.finish(slot, FinishReason::Error(error), actions);
+                return;
+            }
+        };
+        if active.stop_tokens.contains(&token) {
+            self.finish(slot, FinishReason::Stop { token }, actions);
+            return;
+        }
+        active.history.push(token);
+        active.generated += 1;
+        actions.push(Action::Token { id: active.id, token });
+        if active.max_tokens.is_some_and(|m| active.generated >= m) {
+            self.finish(slot, FinishReason::Length, actions);
+        } else if active.cache_len >= self.config.capacity {
+            // No row left to feed the token just sampled.
+            self.finish(slot, FinishReason::Capacity, actions);
+        } else {
+            active.phase = Phase::Ready(token);
+        }
+    }
+
+    /// Frees `slot` and reports its request finished, unless a cancellation
+    /// reported it already.
+    fn finish(&mut self, slot: usize, reason: FinishReason, actions: &mut Vec<Action>) {
+        let Some(active) = self.slots[slot].take() else { return };
+        actions.push(Action::Release { slot });
+        if !active.cancelled {
+            actions.push(Action::Finished { id: active.id, reason, usage: active.usage() });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,696 @@
+//! Scheduler tests: scripts of events checked against the trace of what the
+//! scheduler answers, and a seeded random walk checked against invariants.
+
+use std::{cell::Cell, collections::HashMap, fmt::Write, rc::Rc, time::Duration};
+
+use rand_chacha::{
+    ChaCha8Rng,
+    rand_core::{RngCore, SeedableRng},
+};
+
+use super::*;
+use crate::sampling::{Sampler, SamplingParams};
+
+/// A prepared prompt that counts its drops, standing in for the engine's
+/// large host buffers.
+#[derive(Debug)]
+struct Payload {
+    rows: usize,
+    drops: Rc<Cell<usize>>,
+}
+
+impl Prepared for Payload {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        self.drops.set(self.drops.get() + 1);
+    }
+}
+
+const VOCAB: usize = 16;
+/// The token every slot samples unless a script says otherwise.
+const DEFAULT_TOKEN: u32 = 7;
+
+fn one_hot(token: u32) -> Vec<f32> {
+    let mut logits = vec![0.0; VOCAB];
+    logits[token as usize] = 1.0;
+    logits
+}
+
+fn config(slots: usize, queue_bound: usize, capacity: usize, prefills_per_step: usize) -> SchedulerConfig {
+    SchedulerConfig { slots, capacity, queue_bound, prefills_per_step, retry_after: Duration::from_secs(2) }
+}
+
+fn greedy() -> Sampler {
+    Sampler::new(SamplingParams::GREEDY, Some(0)).expect("invariant: greedy parameters are valid")
+}
+
+/// Runs a script, one command a line, and returns the trace: each command,
+/// then `-> ` and what the scheduler answered.
+///
+/// - `config slots=N queue=N capacity=N prefills=N` (first, optional)
+/// - `submit tokens=N | embeds=ROWS logical=N [max=N] [stop=T]`
+/// - `plan`: the next step; its prefill payloads are dropped as the engine
+///   drops them once prefilled
+/// - `complete [rI=T | rI=err] [decode=err]`: the step's logits, each slot
+///   picking token T (7 by default), or a failure
+/// - `step [...]`: `plan` then `complete [...]`
+/// - `cancel rI`, `progress rI`, `drops`
+fn run(script: &str) -> String {
+    let drops = Rc::new(Cell::new(0));
+    let mut sched = Scheduler::<Payload>::new(config(2, 4, 32, 1));
+    let mut flight: Option<(Vec<RequestId>, Vec<usize>)> = None;
+    let mut out = String::new();
+    for line in script.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        writeln!(out, "{line}").unwrap();
+        let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let args: HashMap<&str, &str> = rest.split_whitespace().filter_map(|a| a.split_once('=')).collect();
+        let num = |k: &str| args.get(k).map(|v| v.parse::<usize>().unwrap());
+        let id = |s: &str| RequestId(s.trim_start_matches('r').parse().unwrap());
+        match cmd {
+            "config" => {
+                sched = Scheduler::new(config(
+                    num("slots").unwrap(),
+                    num("queue").unwrap(),
+                    num("capacity").unwrap(),
+                    num("prefills").unwrap_or(1),
+                ))
+            }
+            "submit" => {
+                let (input, logical) = match num("tokens") {
+                    Some(n) => (PendingInput::Tokens((1..=n as u32).collect()), n),
+                    None => (
+                        PendingInput::Embeddings(Payload { rows: num("embeds").unwrap(), drops: drops.clone() }),
+                        num("logical").unwrap(),
+                    ),
+                };
+                let request = Request {
+                    prompt_tokens: (1..=logical as u32).collect(),
+                    input,
+                    max_tokens: num("max"),
+                    stop_tokens: num("stop").map(|t| vec![t as u32]).unwrap_or_default(),
+                    sampler: greedy(),
+                };
+                match sched.submit(request) {
+                    Ok(id) => writeln!(out, "-> {id}").unwrap(),
+                    Err(e) => writeln!(out, "-> refused: {e}").unwrap(),
+                }
+            }
+            "plan" | "step" => {
+                flight = plan(&mut sched, &mut out);
+                if cmd == "step" && flight.is_some() {
+                    complete(&mut sched, flight.take().unwrap(), &args, &mut out);
+                }
+            }
+            "complete" => complete(&mut sched, flight.take().unwrap(), &args, &mut out),
+            "cancel" => trace(&sched.cancel(id(rest.trim())), &mut out),
+            "progress" => {
+                let p = sched.progress(id(rest.trim())).unwrap();
+                writeln!(out, "-> slot {}, history {:?}, cache {}", p.slot, p.history, p.cache_len).unwrap()
+            }
+            "drops" => writeln!(out, "-> {} dropped", drops.get()).unwrap(),
+            _ => panic!("unknown command {cmd:?}"),
+        }
+    }
+    out
+}
+
+fn plan(sched: &mut Scheduler<Payload>, out: &mut String) -> Option<(Vec<RequestId>, Vec<usize>)> {
+    let Some(step) = sched.plan().unwrap() else {
+        writeln!(out, "-> idle").unwrap();
+        return None;
+    };
+    for p in &step.prefill {
+        writeln!(out, "-> prefill {} slot {} ({} rows)", p.id, p.slot, p.input.rows()).unwrap();
+    }
+    if !step.decode.is_empty() {
+        let slots: Vec<String> = step.decode.iter().map(|(s, t)| format!("{s}:{t}")).collect();
+        writeln!(out, "-> decode [{}]", slots.join(", ")).unwrap();
+    }
+    let ids = step.prefill.iter().map(|p| p.id).collect();
+    let slots = step.decode.iter().map(|&(s, _)| s).collect();
+    // The engine drops each input once its prefill has run.
+    drop(step);
+    Some((ids, slots))
+}
+
+fn complete(
+    sched: &mut Scheduler<Payload>,
+    (ids, slots): (Vec<RequestId>, Vec<usize>),
+    args: &HashMap<&str, &str>,
+    out: &mut String,
+) {
+    let logits = |id: RequestId| match args.get(id.to_string().as_str()) {
+        Some(&"err") => Err("injected failure".to_owned()),
+        Some(t) => Ok(one_hot(t.parse().unwrap())),
+        None => Ok(one_hot(DEFAULT_TOKEN)),
+    };
+    let prefill = ids.iter().map(|&id| logits(id)).collect();
+    let decode = if args.get("decode") == Some(&"err") {
+        Err("injected decode failure".to_owned())
+    } else {
+        slots.iter().map(|&s| logits(sched.slot_owner(s).unwrap())).collect()
+    };
+    trace(&sched.complete(StepResult { prefill, decode }).unwrap(), out);
+}
+
+fn trace(actions: &[Action], out: &mut String) {
+    for a in actions {
+        match a {
+            Action::Release { slot } => writeln!(out, "-> release slot {slot}"),
+            Action::Token { id, token } => writeln!(out, "-> token {id} {token}"),
+            Action::Finished { id, reason, usage } => {
+                let reason = match reason {
+                    FinishReason::Stop { token } => format!("stop {token}"),
+                    FinishReason::Length => "length".into(),
+                    FinishReason::Capacity => "capacity".into(),
+                    FinishReason::Cancelled => "cancelled".into(),
+                    FinishReason::Error(e) => format!("error: {e}"),
+                };
+                let Usage { prompt_tokens, completion_tokens, cache_rows } = usage;
+                writeln!(
+                    out,
+                    "-> finished {id} {reason} (prompt {prompt_tokens}, completion {completion_tokens}, cache {cache_rows})"
+                )
+            }
+        }
+        .unwrap();
+    }
+}
+
+fn check(script: &str, expect: &str) {
+    let actual = run(script);
+    let norm = |s: &str| s.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("\n");
+    assert_eq!(norm(&actual), norm(expect), "\nactual trace:\n{actual}");
+}
+
+#[test]
+fn admission_up_to_the_queue_bound_then_refusal() {
+    check(
+        "
+        config slots=1 queue=2 capacity=32
+        submit tokens=3 max=2
+        submit tokens=3 max=2
+        submit tokens=3 max=2
+        step
+        submit tokens=3 max=2
+        submit tokens=3 max=2
+        ",
+        "
+        config slots=1 queue=2 capacity=32
+        submit tokens=3 max=2
+        -> r0
+        submit tokens=3 max=2
+        -> r1
+        submit tokens=3 max=2
+        -> refused: the queue is full (2 waiting); retry after 2s
+        step
+        -> prefill r0 slot 0 (3 rows)
+        -> token r0 7
+        submit tokens=3 max=2
+        -> r2
+        submit tokens=3 max=2
+        -> refused: the queue is full (2 waiting); retry after 2s
+        ",
+    );
+}
+
+#[test]
+fn fifo_admission_fills_slots_and_reuses_them() {
+    check(
+        "
+        config slots=2 queue=4 capacity=32
+        submit tokens=3 max=2
+        submit tokens=4 max=2
+        submit tokens=5 max=2
+        submit tokens=6 max=2
+        step
+        step
+        step
+        step
+        step
+        step
+        ",
+        "
+        config slots=2 queue=4 capacity=32
+        submit tokens=3 max=2
+        -> r0
+        submit tokens=4 max=2
+        -> r1
+        submit tokens=5 max=2
+        -> r2
+        submit tokens=6 max=2
+        -> r3
+        step
+        -> prefill r0 slot 0 (3 rows)
+        -> token r0 7
+        step
+        -> prefill r1 slot 1 (4 rows)
+        -> decode [0:7]
+        -> token r1 7
+        -> token r0 7
+        -> release slot 0
+        -> finished r0 length (prompt 3, completion 2, cache 4)
+        step
+        -> prefill r2 slot 0 (5 rows)
+        -> decode [1:7]
+        -> token r2 7
+        -> token r1 7
+        -> release slot 1
+        -> finished r1 length (prompt 4, completion 2, cache 5)
+        step
+        -> prefill r3 slot 1 (6 rows)
+        -> decode [0:7]
+        -> token r3 7
+        -> token r2 7
+        -> release slot 0
+        -> finished r2 length (prompt 5, completion 2, cache 6)
+        step
+        -> decode [1:7]
+        -> token r3 7
+        -> release slot 1
+        -> finished r3 length (prompt 6, completion 2, cache 7)
+        step
+        -> idle
+        ",
+    );
+}
+
+#[test]
+fn several_prefills_per_step() {
+    check(
+        "
+        config slots=2 queue=4 capacity=32 prefills=2
+        submit tokens=3 max=1
+        submit tokens=4 max=1
+        submit tokens=5 max=1
+        step
+        step
+        step
+        ",
+        "
+        config slots=2 queue=4 capacity=32 prefills=2
+        submit tokens=3 max=1
+        -> r0
+        submit tokens=4 max=1
+        -> r1
+        submit tokens=5 max=1
+        -> r2
+        step
+        -> prefill r0 slot 0 (3 rows)
+        -> prefill r1 slot 1 (4 rows)
+        -> token r0 7
+        -> release slot 0
+        -> finished r0 length (prompt 3, completion 1, cache 3)
+        -> token r1 7
+        -> release slot 1
+        -> finished r1 length (prompt 4, completion 1, cache 4)
+        step
+        -> prefill r2 slot 0 (5 rows)
+        -> token r2 7
+        -> release slot 0
+        -> finished r2 length (prompt 5, completion 1, cache 5)
+        step
+        -> idle
+        ",
+    );
+}
+
+#[test]
+fn cancellation_in_every_state() {
+    check(
+        "
+        config slots=1 queue=4 capacity=32
+        submit embeds=8 logical=3 max=4
+        submit embeds=8 logical=3 max=4
+        submit tokens=3 max=4
+        submit tokens=3 max=4
+        cancel r1
+        drops
+        step
+        drops
+        cancel r0
+        cancel r0
+        plan
+        cancel r2
+        complete
+        step
+        plan
+        cancel r3
+        complete
+        step
+        ",
+        "
+        config slots=1 queue=4 capacity=32
+        submit embeds=8 logical=3 max=4
+        -> r0
+        submit embeds=8 logical=3 max=4
+        -> r1
+        submit tokens=3 max=4
+        -> r2
+        submit tokens=3 max=4
+        -> r3
+        cancel r1
+        -> finished r1 cancelled (prompt 3, completion 0, cache 0)
+        drops
+        -> 1 dropped
+        step
+        -> prefill r0 slot 0 (8 rows)
+        -> token r0 7
+        drops
+        -> 2 dropped
+        cancel r0
+        -> release slot 0
+        -> finished r0 cancelled (prompt 3, completion 1, cache 8)
+        cancel r0
+        plan
+        -> prefill r2 slot 0 (3 rows)
+        cancel r2
+        -> finished r2 cancelled (prompt 3, completion 0, cache 0)
+        complete
+        -> release slot 0
+        step
+        -> prefill r3 slot 0 (3 rows)
+        -> token r3 7
+        plan
+        -> decode [0:7]
+        cancel r3
+        -> finished r3 cancelled (prompt 3, completion 1, cache 3)
+        complete
+        -> release slot 0
+        step
+        -> idle
+        ",
+    );
+}
+
+#[test]
+fn large_buffers_are_dropped_exactly_once() {
+    check(
+        "
+        config slots=1 queue=1 capacity=32
+        submit embeds=40 logical=2
+        drops
+        submit embeds=8 logical=2 max=1
+        submit embeds=8 logical=2 max=1
+        drops
+        plan
+        drops
+        complete
+        cancel r0
+        drops
+        ",
+        "
+        config slots=1 queue=1 capacity=32
+        submit embeds=40 logical=2
+        -> refused: the prompt takes 40 cache rows, more than the context capacity of 32
+        drops
+        -> 1 dropped
+        submit embeds=8 logical=2 max=1
+        -> r0
+        submit embeds=8 logical=2 max=1
+        -> refused: the queue is full (1 waiting); retry after 2s
+        drops
+        -> 2 dropped
+        plan
+        -> prefill r0 slot 0 (8 rows)
+        drops
+        -> 3 dropped
+        complete
+        -> token r0 7
+        -> release slot 0
+        -> finished r0 length (prompt 2, completion 1, cache 8)
+        cancel r0
+        drops
+        -> 3 dropped
+        ",
+    );
+}
+
+#[test]
+fn logical_history_is_apart_from_the_cache_length() {
+    check(
+        "
+        config slots=1 queue=1 capacity=32
+        submit embeds=10 logical=4 max=3
+        step r0=11
+        progress r0
+        step r0=12
+        progress r0
+        step r0=13
+        ",
+        "
+        config slots=1 queue=1 capacity=32
+        submit embeds=10 logical=4 max=3
+        -> r0
+        step r0=11
+        -> prefill r0 slot 0 (10 rows)
+        -> token r0 11
+        progress r0
+        -> slot 0, history [1, 2, 3, 4, 11], cache 10
+        step r0=12
+        -> decode [0:11]
+        -> token r0 12
+        progress r0
+        -> slot 0, history [1, 2, 3, 4, 11, 12], cache 11
+        step r0=13
+        -> decode [0:12]
+        -> token r0 13
+        -> release slot 0
+        -> finished r0 length (prompt 4, completion 3, cache 12)
+        ",
+    );
+}
+
+#[test]
+fn prompt_plus_max_tokens_is_checked_against_the_capacity() {
+    check(
+        "
+        config slots=1 queue=4 capacity=16
+        submit tokens=12 max=5
+        submit embeds=17 logical=3
+        submit tokens=0 max=1
+        submit tokens=3 max=0
+        submit tokens=12 max=4
+        submit embeds=16 logical=3
+        drops
+        ",
+        "
+        config slots=1 queue=4 capacity=16
+        submit tokens=12 max=5
+        -> refused: the prompt takes 12 cache rows and asks for up to 5 new tokens; 17 exceeds the context capacity of 16
+        submit embeds=17 logical=3
+        -> refused: the prompt takes 17 cache rows, more than the context capacity of 16
+        submit tokens=0 max=1
+        -> refused: the prompt is empty
+        submit tokens=3 max=0
+        -> refused: max_tokens must be at least 1
+        submit tokens=12 max=4
+        -> r0
+        submit embeds=16 logical=3
+        -> r1
+        drops
+        -> 1 dropped
+        ",
+    );
+}
+
+#[test]
+fn finish_reasons() {
+    check(
+        "
+        config slots=4 queue=4 capacity=6 prefills=4
+        submit tokens=2 max=4 stop=9
+        submit tokens=2 max=2
+        submit tokens=4
+        submit tokens=2 max=4
+        step
+        step r0=9
+        submit tokens=2 max=1
+        step r4=err
+        step decode=err
+        ",
+        "
+        config slots=4 queue=4 capacity=6 prefills=4
+        submit tokens=2 max=4 stop=9
+        -> r0
+        submit tokens=2 max=2
+        -> r1
+        submit tokens=4
+        -> r2
+        submit tokens=2 max=4
+        -> r3
+        step
+        -> prefill r0 slot 0 (2 rows)
+        -> prefill r1 slot 1 (2 rows)
+        -> prefill r2 slot 2 (4 rows)
+        -> prefill r3 slot 3 (2 rows)
+        -> token r0 7
+        -> token r1 7
+        -> token r2 7
+        -> token r3 7
+        step r0=9
+        -> decode [0:7, 1:7, 2:7, 3:7]
+        -> release slot 0
+        -> finished r0 stop 9 (prompt 2, completion 1, cache 3)
+        -> token r1 7
+        -> release slot 1
+        -> finished r1 length (prompt 2, completion 2, cache 3)
+        -> token r2 7
+        -> token r3 7
+        submit tokens=2 max=1
+        -> r4
+        step r4=err
+        -> prefill r4 slot 0 (2 rows)
+        -> decode [2:7, 3:7]
+        -> release slot 0
+        -> finished r4 error: injected failure (prompt 2, completion 0, cache 0)
+        -> token r2 7
+        -> release slot 2
+        -> finished r2 capacity (prompt 4, completion 3, cache 6)
+        -> token r3 7
+        step decode=err
+        -> decode [3:7]
+        -> release slot 3
+        -> finished r3 error: injected decode failure (prompt 2, completion 3, cache 4)
+        ",
+    );
+}
+
+/// A seeded random walk of submissions, cancellations (also while a step is
+/// in flight), steps and failures, checked after every event: no slot is
+/// owned twice, the queue stays within its bound, no request finishes twice
+/// or gets a token after finishing; and at the end every accepted request
+/// finished exactly once, every slot was released and every payload dropped.
+#[test]
+fn random_walks_keep_the_invariants() {
+    for seed in 0..64 {
+        random_walk(seed);
+    }
+}
+
+fn random_walk(seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut below = |n: u64| rng.next_u64() % n;
+    let (slots, queue_bound, capacity) = (3, 4, 24);
+    let prefills = 1 + below(2) as usize;
+    let mut sched = Scheduler::<Payload>::new(config(slots, queue_bound, capacity, prefills));
+    let drops = Rc::new(Cell::new(0));
+    let mut model = Model { owner: vec![None; slots], finished: HashMap::new(), accepted: Vec::new(), payloads: 0 };
+    let mut next_id = 0;
+    for _ in 0..400 {
+        match below(10) {
+            0..=3 => {
+                let rows = 1 + below(12) as usize;
+                let input = if below(2) == 0 {
+                    PendingInput::Tokens(vec![1; rows])
+                } else {
+                    model.payloads += 1;
+                    PendingInput::Embeddings(Payload { rows, drops: drops.clone() })
+                };
+                let max_tokens = if below(4) == 0 { None } else { Some(1 + below(16) as usize) };
+                let logical = 1 + below(rows as u64) as usize;
+                let depth = sched.queue_len();
+                let request = Request {
+                    prompt_tokens: vec![1; logical],
+                    input,
+                    max_tokens,
+                    stop_tokens: vec![3],
+                    sampler: greedy(),
+                };
+                match sched.submit(request) {
+                    Ok(id) => {
+                        assert_eq!(id, RequestId(next_id), "seed {seed}: ids are assigned in order");
+                        next_id += 1;
+                        model.accepted.push(id);
+                    }
+                    Err(SubmitError::QueueFull { .. }) => assert_eq!(depth, queue_bound, "seed {seed}"),
+                    Err(_) => assert!(max_tokens.map_or(rows, |m| rows + m) > capacity, "seed {seed}"),
+                }
+            }
+            4 | 5 => {
+                let id = RequestId(below(next_id + 1));
+                let actions = sched.cancel(id);
+                model.apply(seed, &actions);
+            }
+            _ => {
+                let Some(step) = sched.plan().unwrap() else { continue };
+                model.admit(seed, &step);
+                let (n_prefill, decoded) = (step.prefill.len(), step.decode.len());
+                drop(step);
+                if below(5) == 0 {
+                    let id = RequestId(below(next_id + 1));
+                    let actions = sched.cancel(id);
+                    model.apply(seed, &actions);
+                }
+                let prefill = (0..n_prefill)
+                    .map(|_| if below(20) == 0 { Err("injected".into()) } else { Ok(one_hot(below(8) as u32)) })
+                    .collect();
+                let decode = if below(50) == 0 {
+                    Err("injected".into())
+                } else {
+                    Ok((0..decoded).map(|_| one_hot(below(8) as u32)).collect())
+                };
+                let actions = sched.complete(StepResult { prefill, decode }).unwrap();
+                model.apply(seed, &actions);
+            }
+        }
+        assert!(sched.queue_len() <= queue_bound, "seed {seed}: queue over its bound");
+        assert_eq!(sched.active_slots(), model.owner.iter().flatten().count(), "seed {seed}: slots owned");
+    }
+    // Drain: cancel everything; nothing is left to plan.
+    for i in 0..next_id {
+        let actions = sched.cancel(RequestId(i));
+        model.apply(seed, &actions);
+    }
+    assert!(sched.plan().unwrap().is_none(), "seed {seed}: work left after cancelling everything");
+    assert!(sched.is_idle(), "seed {seed}: not idle");
+    assert!(model.owner.iter().all(Option::is_none), "seed {seed}: a slot was never released");
+    for id in &model.accepted {
+        assert_eq!(model.finished.get(id), Some(&1), "seed {seed}: {id} did not finish exactly once");
+    }
+    assert_eq!(model.finished.len(), model.accepted.len(), "seed {seed}: a refused request finished");
+    assert_eq!(drops.get(), model.payloads, "seed {seed}: payloads dropped");
+}
+
+/// What the caller sees of the scheduler, rebuilt from its answers alone.
+struct Model {
+    owner: Vec<Option<RequestId>>,
+    finished: HashMap<RequestId, usize>,
+    accepted: Vec<RequestId>,
+    payloads: usize,
+}
+
+impl Model {
+    fn admit(&mut self, seed: u64, step: &Step<Payload>) {
+        for p in &step.prefill {
+            assert_eq!(self.owner[p.slot], None, "seed {seed}: slot {} prefilled while owned", p.slot);
+            assert!(!self.finished.contains_key(&p.id), "seed {seed}: {} prefilled after finishing", p.id);
+            self.owner[p.slot] = Some(p.id);
+        }
+        for &(slot, _) in &step.decode {
+            assert!(self.owner[slot].is_some(), "seed {seed}: decode of free slot {slot}");
+        }
+    }
+
+    fn apply(&mut self, seed: u64, actions: &[Action]) {
+        for a in actions {
+            match a {
+                Action::Release { slot } => {
+                    assert!(self.owner[*slot].take().is_some(), "seed {seed}: slot {slot} released while free");
+                }
+                Action::Token { id, .. } => {
+                    assert!(!self.finished.contains_key(id), "seed {seed}: token for finished {id}")
+                }
+                Action::Finished { id, .. } => *self.finished.entry(*id).or_default() += 1,
+            }
+        }
+        for (id, n) in &self.finished {
+            assert_eq!(*n, 1, "seed {seed}: {id} finished {n} times");
+        }
+    }
+}
