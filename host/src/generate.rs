@@ -11,11 +11,14 @@ use anyhow::{Context, Result, bail};
 use mlxcel_host::{
     decoder::{BundleShape, Decoder, DecoderOptions},
     sampling::{Sampler, SamplingParams},
-    text::{ChatTemplate, Detokenizer, Message, Tokenizer, stop_tokens},
+    text::{ChatTemplate, Content, Detokenizer, Message, Part, Tokenizer, stop_tokens},
 };
+use mlxcel_plugin_api::QualificationPolicy;
 use mlxcel_shim::{CacheOutcome, CompileCache, Compiler, Device, Driver, Target};
 
 use crate::exec::DeviceArgs;
+use crate::multimodal::{Encoders, MediaRequest};
+use crate::plugins::PluginDir;
 
 /// What to generate from, and how.
 #[derive(Debug, clap::Args)]
@@ -26,6 +29,15 @@ pub(crate) struct GenerateArgs {
     /// The user message (or, with --raw, the whole prompt).
     #[arg(long)]
     prompt: String,
+    /// An image (png) placed before the prompt in the user message (repeatable, in order); the
+    /// checkpoint's family plugin preprocesses and encodes it.
+    #[arg(long = "image", value_name = "FILE", conflicts_with = "raw")]
+    images: Vec<PathBuf>,
+    /// Serve capabilities the plugin's manifest does not mark qualified (experimental ones).
+    #[arg(long)]
+    allow_unqualified: bool,
+    #[command(flatten)]
+    plugins: PluginDir,
     /// A system message placed before the user message.
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
@@ -91,6 +103,8 @@ struct Timings {
 struct Report<'a> {
     model: &'a std::path::Path,
     prompt: &'a str,
+    #[serde(skip_serializing_if = "<[PathBuf]>::is_empty")]
+    images: &'a [PathBuf],
     prompt_ids: &'a [u32],
     tokens: &'a [u32],
     text: &'a str,
@@ -128,6 +142,17 @@ fn run(args: &GenerateArgs) -> Result<()> {
         bail!("the model directory {} does not exist", dir.display());
     }
 
+    // Media first: the plugin, its capability gate and every image are checked before any
+    // compile.
+    let plugins;
+    let media = if args.images.is_empty() {
+        None
+    } else {
+        plugins = args.plugins.scan()?;
+        let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
+        Some(MediaRequest::open(&plugins.1, &plugins.0, dir, &args.images, policy)?)
+    };
+
     let tokenizer = Tokenizer::load(dir)?;
     let prompt = if args.raw {
         args.prompt.clone()
@@ -137,10 +162,20 @@ fn run(args: &GenerateArgs) -> Result<()> {
         if let Some(system) = &args.system {
             messages.push(Message::new("system", system));
         }
-        messages.push(Message::new("user", &args.prompt));
+        if args.images.is_empty() {
+            messages.push(Message::new("user", &args.prompt));
+        } else {
+            let mut parts: Vec<Part> =
+                args.images.iter().map(|_| Part { kind: "image".to_owned(), text: None }).collect();
+            parts.push(Part { kind: "text".to_owned(), text: Some(args.prompt.clone()) });
+            messages.push(Message { role: "user".to_owned(), content: Content::Parts(parts) });
+        }
         template.render(&messages, true)?
     };
-    let ids = tokenizer.encode(&prompt, false)?;
+    let ids = match &media {
+        None => tokenizer.encode(&prompt, false)?,
+        Some(media) => media.expand(&prompt, &tokenizer)?,
+    };
     if ids.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
@@ -180,7 +215,14 @@ fn run(args: &GenerateArgs) -> Result<()> {
 
     let slot = 0;
     let started = Instant::now();
-    let logits = decoder.prefill_tokens(slot, &ids).context("prefill")?;
+    let logits = match &media {
+        None => decoder.prefill_tokens(slot, &ids).context("prefill")?,
+        Some(media) => {
+            let mut encoders = Encoders::new(dir, &args.device);
+            let (embeddings, positions, extras) = media.prefill_input(&mut decoder, &ids, &mut encoders)?;
+            decoder.prefill_embeddings(slot, &embeddings, &positions, &extras).context("prefill")?
+        }
+    };
     let vocab = decoder.config().vocab;
     let mut next = sampler.sample(&logits[logits.len() - vocab..]).context("sampling")?;
     let prefill = started.elapsed();
@@ -224,6 +266,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
         let report = Report {
             model: dir,
             prompt: &prompt,
+            images: &args.images,
             prompt_ids: &ids,
             tokens: &tokens,
             text: &text,

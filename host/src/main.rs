@@ -5,6 +5,7 @@
 
 mod exec;
 mod generate;
+mod multimodal;
 mod plugins;
 
 use std::path::PathBuf;

@@ -50,7 +50,7 @@ pub(crate) struct PluginDir {
 }
 
 impl PluginDir {
-    fn scan(&self) -> Result<(PathBuf, PluginSet)> {
+    pub(crate) fn scan(&self) -> Result<(PathBuf, PluginSet)> {
         let Some(dir) = &self.plugins else {
             bail!("no plugin directory: pass --plugins <dir> or set {PLUGINS_ENV}");
         };

@@ -14,22 +14,22 @@
 //! `mlxcel_golden`, so a failure names the first divergent coordinate; the tolerances are the
 //! published ones (`mlxcel_plugin_api::conformance::tolerance`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use mlxcel_golden::{Fixture, Golden, Report, Tolerance};
 use mlxcel_plugin_api::conformance::tolerance;
 use mlxcel_plugin_api::{
-    CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
-    ItemMeta, LayoutRequest, LoadedPlugin, Manifest, MediaItem, Modality, ModelConfig, PluginSet, Positions,
-    PrefillContract, PreprocessOptions, Preprocessed, RVec, Tensor, TensorSpec, load_plugin, scan,
+    CheckpointIndex, ContractRequest, DType, ItemMeta, LayoutRequest, LoadedPlugin, Manifest, Modality, ModelConfig,
+    PluginSet, Positions, PrefillContract, Preprocessed, RVec, Tensor, TensorSpec, load_plugin, scan,
 };
-use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
+use mlxcel_shim::Checkpoint;
 
 use super::tokens::Pieces;
-use crate::exec::{DeviceArgs, compile};
+use crate::exec::DeviceArgs;
+use crate::multimodal::{Encoders, preprocess, processor_json, read_text};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct VerifyArgs {
@@ -106,13 +106,7 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
     let fixture = Fixture::open(&args.fixture);
     let dir = fixture.dir();
     let config_json = read_text(&dir.join("config.json"))?;
-    let processor_json = ["processor_config.json", "preprocessor_config.json"]
-        .iter()
-        .map(|name| dir.join(name))
-        .find(|path| path.exists())
-        .map(|path| read_text(&path))
-        .transpose()?
-        .unwrap_or_default();
+    let processor_json = processor_json(dir)?;
     let source = PluginSource::open(&args.plugin)?;
     let plugin = source.plugin(&config_json)?;
     println!(
@@ -181,10 +175,6 @@ fn failure_text(stage: &Stage) -> &str {
         Outcome::Failed(why) => why,
         _ => "",
     }
-}
-
-fn read_text(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
 /// The plugin under test, as the user named it.
@@ -264,25 +254,18 @@ struct Media {
     bytes: Vec<u8>,
 }
 
-/// The runtime pieces, made on first use of the encoder stage.
-struct Runtime {
-    device: Device,
-    parameters: HashMap<String, Parameters>,
-    sessions: HashMap<String, (EncoderGraph, Session)>,
-}
-
 struct Kit<'a> {
     plugin: &'a LoadedPlugin,
     fixture: &'a Fixture,
     config: ModelConfig,
-    device_args: &'a DeviceArgs,
-    runtime: Option<Runtime>,
+    encoders: Encoders<'a>,
     pieces: Option<Result<Pieces, String>>,
 }
 
 impl<'a> Kit<'a> {
     fn new(plugin: &'a LoadedPlugin, fixture: &'a Fixture, config: ModelConfig, device_args: &'a DeviceArgs) -> Self {
-        Self { plugin, fixture, config, device_args, runtime: None, pieces: None }
+        let encoders = Encoders::new(fixture.dir(), device_args);
+        Self { plugin, fixture, config, encoders, pieces: None }
     }
 
     /// `check_checkpoint` over the fixture's tensor index.
@@ -395,25 +378,9 @@ impl<'a> Kit<'a> {
         Ok(media)
     }
 
-    /// Preprocesses one item: PNG images decoded to RGB by the host first, and passed encoded
-    /// only if the plugin does not take decoded pixels.
+    /// Preprocesses one item as `generate` does.
     fn preprocess(&self, media: &Media) -> Result<Preprocessed> {
-        let limits = &self.plugin.manifest().limits;
-        let options = PreprocessOptions { max_pixels: limits.max_pixels_per_image.into(), ..Default::default() };
-        let encoded = match media.modality {
-            Modality::Image => {
-                if media.bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-                    let rgb = decode_png(&media.bytes)?;
-                    match self.plugin.preprocess(&self.config, &rgb, &options) {
-                        Err(PluginApiError::Plugin { error, .. }) if error.code == ErrorCode::Unsupported => {}
-                        other => return Ok(other?),
-                    }
-                }
-                MediaItem::EncodedImage(media.bytes.clone().into())
-            }
-            Modality::Audio | Modality::Video => MediaItem::EncodedAudio(media.bytes.clone().into()),
-        };
-        Ok(self.plugin.preprocess(&self.config, &encoded, &options)?)
+        preprocess(self.plugin, &self.config, media.modality, &media.bytes)
     }
 
     /// The expanded prompt against the golden `input_ids`, token by token.
@@ -505,120 +472,8 @@ impl<'a> Kit<'a> {
 
     /// One item through the smallest bucket that holds it: its placed rows.
     fn encode(&mut self, modality: Modality, item: &Preprocessed, output: Option<&str>) -> Result<Vec<f32>> {
-        let buckets = self.plugin.encoder_buckets(&self.config, modality)?;
-        let bucket = buckets
-            .iter()
-            .filter(|b| fits(b.inputs.as_slice(), item))
-            .min_by_key(|b| b.inputs.iter().map(|s| s.element_count().unwrap_or(u64::MAX)).sum::<u64>())
-            .with_context(|| {
-                let shapes: Vec<String> =
-                    item.tensors.iter().map(|t| format!("{} {:?}", t.spec.name, t.spec.shape.as_slice())).collect();
-                format!("no encoder bucket holds {}", shapes.join(", "))
-            })?;
-        let key = format!("{}/{}", modality.as_str(), bucket.id);
-        if !self.runtime.as_ref().is_some_and(|r| r.sessions.contains_key(&key)) {
-            let request = EncoderGraphRequest { modality, bucket: bucket.id.clone() };
-            let graph = self.plugin.encoder_graph(&self.config, &request)?;
-            let name = format!("{}-{}-{}", self.plugin.name(), modality.as_str(), bucket.id);
-            let artifact = compile(&name, &graph.stablehlo, self.device_args)?;
-            let dir = self.fixture.dir().to_owned();
-            let runtime = self.runtime()?;
-            let scope = graph.parameter_scope.to_string();
-            if !runtime.parameters.contains_key(&scope) {
-                let checkpoint = Checkpoint::open(&dir)?;
-                runtime.parameters.insert(scope.clone(), Parameters::new(&scope, checkpoint)?);
-            }
-            let session = Session::new(&runtime.device, runtime.parameters.get(&scope), &[&artifact])?;
-            runtime.sessions.insert(key.clone(), (graph, session));
-        }
-        let runtime = self.runtime()?;
-        let (graph, session) = runtime.sessions.get(&key).context("invariant: the session was just made")?;
-
-        let mut inputs = Vec::new();
-        for spec in graph.inputs.iter() {
-            let tensor =
-                item.tensors.iter().find(|t| t.spec.name == spec.name).with_context(|| {
-                    format!("the encoder input `{}` is not among the preprocessed tensors", spec.name)
-                })?;
-            let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
-            inputs.push(HostTensor::from_bytes(shim_dtype(spec.dtype), shape, pad(tensor, &spec.shape))?);
-        }
-        let entry = graph.entry_function.as_str();
-        let function = session
-            .functions()
-            .iter()
-            .find(|f| f.name == entry || f.name.rsplit_once('.').is_some_and(|(_, name)| name == entry))
-            .with_context(|| format!("the compiled encoder exports no function `{entry}`"))?
-            .name
-            .clone();
-        let args: Vec<Arg<'_>> = inputs.iter().map(Arg::from).collect();
-        let outputs = session.call(&function, &args)?;
-        let index = match output {
-            Some(name) => graph
-                .outputs
-                .iter()
-                .position(|o| o.name.as_str() == name)
-                .with_context(|| format!("the contract places output `{name}`, which the graph does not have"))?,
-            None => 0,
-        };
-        let host = outputs.get(index).context("the encoder returned fewer outputs than it declares")?.to_host()?;
-        let values: Vec<f32> = host.to_vec()?;
-        let shape = host.shape().to_vec();
-        let rows = item.grid.feature_tokens as usize;
-        let width: usize = shape.iter().skip(1).product();
-        if shape.first().copied().unwrap_or(0) < rows {
-            bail!("the encoder output has shape {shape:?}, fewer than the item's {rows} feature rows");
-        }
-        Ok(values[..rows * width].to_vec())
+        self.encoders.encode(self.plugin, &self.config, modality, item, output)
     }
-
-    fn runtime(&mut self) -> Result<&mut Runtime> {
-        if self.runtime.is_none() {
-            let driver: Driver = self.device_args.driver.parse()?;
-            let device = Device::new(driver)?;
-            self.runtime = Some(Runtime { device, parameters: HashMap::new(), sessions: HashMap::new() });
-        }
-        self.runtime.as_mut().ok_or_else(|| anyhow!("invariant: the runtime was just made"))
-    }
-}
-
-/// Whether `item` has a tensor for each bucket input, of its dtype and rank and no larger.
-fn fits(inputs: &[TensorSpec], item: &Preprocessed) -> bool {
-    inputs.iter().all(|spec| {
-        item.tensors.iter().any(|t| {
-            t.spec.name == spec.name
-                && t.spec.dtype == spec.dtype
-                && t.spec.shape.len() == spec.shape.len()
-                && t.spec.shape.iter().zip(spec.shape.iter()).all(|(have, room)| have <= room)
-        })
-    })
-}
-
-/// The tensor's bytes zero-padded at the end of every axis to `to`.
-fn pad(tensor: &Tensor, to: &[u64]) -> Vec<u8> {
-    let from: Vec<usize> = tensor.spec.shape.iter().map(|&d| d as usize).collect();
-    let to: Vec<usize> = to.iter().map(|&d| d as usize).collect();
-    if from == to || from.is_empty() {
-        return tensor.data.to_vec();
-    }
-    let size = tensor.spec.dtype.size();
-    let rank = from.len();
-    let mut strides = vec![1usize; rank];
-    for axis in (0..rank - 1).rev() {
-        strides[axis] = strides[axis + 1] * to[axis + 1];
-    }
-    let row = from[rank - 1] * size;
-    let outer: usize = from[..rank - 1].iter().product();
-    let mut out = vec![0u8; to.iter().product::<usize>() * size];
-    for o in 0..outer {
-        let (mut rest, mut offset) = (o, 0);
-        for axis in (0..rank - 1).rev() {
-            offset += (rest % from[axis]) * strides[axis];
-            rest /= from[axis];
-        }
-        out[offset * size..offset * size + row].copy_from_slice(&tensor.data[o * row..(o + 1) * row]);
-    }
-    out
 }
 
 /// Outcomes of one stage over several modalities: the first failure, else the passes
@@ -770,48 +625,9 @@ fn safetensors_dtype(name: &str) -> Option<DType> {
     })
 }
 
-fn shim_dtype(dtype: DType) -> mlxcel_shim::DType {
-    match dtype {
-        DType::F32 => mlxcel_shim::DType::F32,
-        DType::F16 => mlxcel_shim::DType::F16,
-        DType::BF16 => mlxcel_shim::DType::BF16,
-        DType::I32 => mlxcel_shim::DType::I32,
-        DType::I64 => mlxcel_shim::DType::I64,
-        DType::U8 => mlxcel_shim::DType::U8,
-        DType::Bool => mlxcel_shim::DType::Bool,
-    }
-}
-
-/// Decodes a PNG to 8-bit RGB, dropping alpha as PIL's `convert("RGB")` does.
-fn decode_png(bytes: &[u8]) -> Result<MediaItem> {
-    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
-    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-    let mut reader = decoder.read_info().context("cannot decode the png")?;
-    let mut buffer = vec![0; reader.output_buffer_size().context("the png is too large to decode")?];
-    let info = reader.next_frame(&mut buffer).context("cannot decode the png")?;
-    let data = &buffer[..info.buffer_size()];
-    let pixels: Vec<u8> = match info.color_type {
-        png::ColorType::Rgb => data.to_vec(),
-        png::ColorType::Rgba => data.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
-        png::ColorType::Grayscale => data.iter().flat_map(|&g| [g, g, g]).collect(),
-        png::ColorType::GrayscaleAlpha => data.chunks_exact(2).flat_map(|p| [p[0], p[0], p[0]]).collect(),
-        png::ColorType::Indexed => bail!("the png palette was not expanded"),
-    };
-    Ok(MediaItem::Rgb8 { width: info.width, height: info.height, pixels: pixels.into() })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn padding_places_each_row_at_the_start_of_the_larger_shape() {
-        let tensor = Tensor::from_f32("x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]).expect("tensor");
-        let padded = pad(&tensor, &[3, 3]);
-        let values: Vec<f32> = padded.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        assert_eq!(values, [1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
-        assert_eq!(pad(&tensor, &[2, 2]), tensor.data.to_vec());
-    }
 
     #[test]
     fn tokens_match_the_expanded_prompt_or_name_the_first_divergence() {

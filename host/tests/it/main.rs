@@ -2,5 +2,6 @@
 
 mod decoder;
 mod generate;
+mod generate_image;
 mod plugins;
 mod qwen2_vl;

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// Builds the in-tree plugins into a fresh directory, as the README's run command does.
-fn built_plugins(dir: &Path) {
+pub(crate) fn built_plugins(dir: &Path) {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace");
     let output = Command::new(workspace.join("tools/build-plugins.sh"))
         .arg(dir)

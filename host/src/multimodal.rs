@@ -1,0 +1,426 @@
+//! Media requests through a family plugin: choose the plugin for the checkpoint, gate its
+//! capabilities, decode and preprocess each item, expand the prompt's placeholders, run the
+//! plugin's encoder graph (bucketed, through the compile cache) and merge its features into the
+//! text embeddings as the prefill contract says. `generate --image` and `plugins verify` share
+//! the pieces here.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use mlxcel_family_common::Image;
+use mlxcel_host::decoder::{Decoder, Extras, Positions};
+use mlxcel_plugin_api::{
+    Capability, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
+    ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PluginSet, Positions as Laid,
+    PrefillContract, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
+};
+use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
+
+use crate::exec::{DeviceArgs, compile};
+
+/// The PNG signature.
+const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// A request's images, preprocessed by the family plugin of the checkpoint.
+pub(crate) struct MediaRequest<'a> {
+    plugin: &'a LoadedPlugin,
+    config: ModelConfig,
+    items: Vec<Preprocessed>,
+    metas: Vec<ItemMeta>,
+}
+
+impl<'a> MediaRequest<'a> {
+    /// Chooses the plugin that accepts the checkpoint in `model`, checks that it may serve the
+    /// request under `policy`, and preprocesses every image.
+    pub(crate) fn open(
+        plugins: &'a PluginSet,
+        plugin_dir: &Path,
+        model: &Path,
+        images: &[PathBuf],
+        policy: QualificationPolicy,
+    ) -> Result<Self> {
+        let config_json = read_text(&model.join("config.json"))?;
+        let plugin = plugins.for_config(&config_json).map_err(|e| {
+            anyhow!(
+                "{} takes no images: no plugin in {} accepts it ({e}); --image needs a vision-language checkpoint and its family plugin",
+                model.display(),
+                plugin_dir.display()
+            )
+        })?;
+        let mut capabilities = vec![Capability::Image];
+        if images.len() > 1 {
+            capabilities.push(Capability::MultiImage);
+        }
+        for capability in capabilities {
+            plugin.check_capability(capability, policy)?;
+        }
+        if let Some(limit) = plugin.manifest().limits.max_images_per_request
+            && images.len() as u64 > u64::from(limit)
+        {
+            bail!("{} images in one request; the {} plugin takes at most {limit}", images.len(), plugin.name());
+        }
+        let config = plugin
+            .parse_config(&config_json, &processor_json(model)?)
+            .with_context(|| format!("the {} plugin cannot read {}", plugin.name(), model.display()))?;
+        let mut items = Vec::new();
+        for path in images {
+            let bytes = std::fs::read(path).with_context(|| format!("cannot read the image {}", path.display()))?;
+            let item = preprocess(plugin, &config, Modality::Image, &bytes)
+                .with_context(|| format!("cannot use {} as an image", path.display()))?;
+            items.push(item);
+        }
+        let metas = items.iter().map(|p| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
+        Ok(Self { plugin, config, items, metas })
+    }
+
+    /// Expands the rendered prompt's placeholders with the plugin's layout and tokenizes the
+    /// result, checking that each item got as many feature tokens as its grid has rows.
+    pub(crate) fn expand(&self, prompt: &str, tokenizer: &mlxcel_host::text::Tokenizer) -> Result<Vec<u32>> {
+        let request = LayoutRequest { prompt: prompt.into(), items: self.metas.iter().cloned().collect() };
+        let layout = self.plugin.prompt_layout(&self.config, &request)?;
+        if layout.items.len() != self.items.len() {
+            bail!("the plugin laid out {} items for {} images", layout.items.len(), self.items.len());
+        }
+        let ids = tokenizer.encode(layout.text.as_str(), false)?;
+        let mut expected: HashMap<u32, usize> = HashMap::new();
+        for item in layout.items.iter() {
+            *expected.entry(item.feature_token_id).or_default() += item.feature_tokens as usize;
+        }
+        for (&token, &count) in &expected {
+            let found = ids.iter().filter(|&&id| id == token).count();
+            if found != count {
+                bail!(
+                    "the expanded prompt tokenizes to {found} feature tokens (id {token}) where the images need {count}"
+                );
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Encodes every item, asks the plugin's contract where the features go and merges them into
+    /// the text embeddings of `ids`: what `Decoder::prefill_embeddings` takes.
+    pub(crate) fn prefill_input(
+        &self,
+        decoder: &mut Decoder,
+        ids: &[u32],
+        encoders: &mut Encoders,
+    ) -> Result<(HostTensor, Positions, Extras)> {
+        let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
+        let contract = self.plugin.prefill_contract(&self.config, &request)?;
+        if !contract.injections.is_empty() {
+            bail!("the {} plugin asks for per-layer injections, which generate does not place yet", self.plugin.name());
+        }
+        let text = decoder.embed(ids).context("embedding the prompt")?;
+        let mut features = Vec::new();
+        for placement in contract.placements.iter() {
+            let index = placement.item as usize;
+            let item = self
+                .items
+                .get(index)
+                .with_context(|| format!("the contract places item {index}, which the request does not have"))?;
+            let rows = encoders.encode(
+                self.plugin,
+                &self.config,
+                Modality::Image,
+                item,
+                Some(placement.encoder_output.as_str()),
+            )?;
+            features.push(rows);
+        }
+        let embeddings = merge(&text, &contract, &features)?;
+        let extras = Extras { bidirectional: bidirectional(&contract)?, injections: Vec::new() };
+        Ok((embeddings, positions(&contract.positions, ids.len())?, extras))
+    }
+}
+
+/// `processor_config.json` (or `preprocessor_config.json`) of a checkpoint, empty when absent.
+pub(crate) fn processor_json(dir: &Path) -> Result<String> {
+    Ok(["processor_config.json", "preprocessor_config.json"]
+        .iter()
+        .map(|name| dir.join(name))
+        .find(|path| path.exists())
+        .map(|path| read_text(&path))
+        .transpose()?
+        .unwrap_or_default())
+}
+
+pub(crate) fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// Preprocesses one item: PNG images decoded to RGB by the host first, and passed encoded only
+/// if the plugin does not take decoded pixels (or the bytes are not a PNG).
+pub(crate) fn preprocess(
+    plugin: &LoadedPlugin,
+    config: &ModelConfig,
+    modality: Modality,
+    bytes: &[u8],
+) -> Result<Preprocessed> {
+    let limits = &plugin.manifest().limits;
+    let options = PreprocessOptions { max_pixels: limits.max_pixels_per_image.into(), ..Default::default() };
+    let encoded = match modality {
+        Modality::Image => {
+            if bytes.starts_with(PNG_MAGIC) {
+                let rgb = decode_png(bytes)?;
+                match plugin.preprocess(config, &rgb, &options) {
+                    Err(PluginApiError::Plugin { error, .. }) if error.code == ErrorCode::Unsupported => {}
+                    other => return Ok(other?),
+                }
+            }
+            MediaItem::EncodedImage(bytes.to_vec().into())
+        }
+        Modality::Audio | Modality::Video => MediaItem::EncodedAudio(bytes.to_vec().into()),
+    };
+    let preprocessed = plugin.preprocess(config, &encoded, &options);
+    if modality == Modality::Image && !bytes.starts_with(PNG_MAGIC) {
+        return preprocessed.context("not a png image (the host decodes png; the plugin did not take the bytes)");
+    }
+    Ok(preprocessed?)
+}
+
+/// Decodes a PNG to 8-bit RGB as the family plugins do (`mlxcel_family_common::Image`), alpha
+/// dropped as PIL's `convert("RGB")` does.
+pub(crate) fn decode_png(bytes: &[u8]) -> Result<MediaItem> {
+    let image = Image::decode(bytes)?;
+    Ok(MediaItem::Rgb8 { width: image.width(), height: image.height(), pixels: image.pixels().to_vec().into() })
+}
+
+/// The plugin's encoder graphs compiled per bucket and run on a checkpoint's weights; each
+/// bucket is compiled and loaded on first use.
+pub(crate) struct Encoders<'a> {
+    checkpoint: PathBuf,
+    device_args: &'a DeviceArgs,
+    device: Option<Device>,
+    parameters: HashMap<String, Parameters>,
+    sessions: HashMap<String, (EncoderGraph, Session)>,
+}
+
+impl<'a> Encoders<'a> {
+    pub(crate) fn new(checkpoint: &Path, device_args: &'a DeviceArgs) -> Self {
+        Self {
+            checkpoint: checkpoint.to_owned(),
+            device_args,
+            device: None,
+            parameters: HashMap::new(),
+            sessions: HashMap::new(),
+        }
+    }
+
+    /// One item through the smallest bucket that holds it: the rows of `output` (else the first
+    /// output) that belong to the item, flattened.
+    pub(crate) fn encode(
+        &mut self,
+        plugin: &LoadedPlugin,
+        config: &ModelConfig,
+        modality: Modality,
+        item: &Preprocessed,
+        output: Option<&str>,
+    ) -> Result<Vec<f32>> {
+        let buckets = plugin.encoder_buckets(config, modality)?;
+        let bucket = buckets
+            .iter()
+            .filter(|b| fits(b.inputs.as_slice(), item))
+            .min_by_key(|b| b.inputs.iter().map(|s| s.element_count().unwrap_or(u64::MAX)).sum::<u64>())
+            .with_context(|| {
+                let shapes: Vec<String> =
+                    item.tensors.iter().map(|t| format!("{} {:?}", t.spec.name, t.spec.shape.as_slice())).collect();
+                format!("no encoder bucket holds {}", shapes.join(", "))
+            })?;
+        let key = format!("{}/{}/{}", plugin.name(), modality.as_str(), bucket.id);
+        if !self.sessions.contains_key(&key) {
+            let request = EncoderGraphRequest { modality, bucket: bucket.id.clone() };
+            let graph = plugin.encoder_graph(config, &request)?;
+            let name = format!("{}-{}-{}", plugin.name(), modality.as_str(), bucket.id);
+            let artifact = compile(&name, &graph.stablehlo, self.device_args)?;
+            if self.device.is_none() {
+                let driver: Driver = self.device_args.driver.parse()?;
+                self.device = Some(Device::new(driver)?);
+            }
+            let device = self.device.as_ref().context("invariant: the device was just made")?;
+            let scope = graph.parameter_scope.to_string();
+            if !self.parameters.contains_key(&scope) {
+                let checkpoint = Checkpoint::open(&self.checkpoint)?;
+                self.parameters.insert(scope.clone(), Parameters::new(&scope, checkpoint)?);
+            }
+            let session = Session::new(device, self.parameters.get(&scope), &[&artifact])?;
+            self.sessions.insert(key.clone(), (graph, session));
+        }
+        let (graph, session) = self.sessions.get(&key).context("invariant: the session was just made")?;
+
+        let mut inputs = Vec::new();
+        for spec in graph.inputs.iter() {
+            let tensor =
+                item.tensors.iter().find(|t| t.spec.name == spec.name).with_context(|| {
+                    format!("the encoder input `{}` is not among the preprocessed tensors", spec.name)
+                })?;
+            let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
+            inputs.push(HostTensor::from_bytes(shim_dtype(spec.dtype), shape, pad(tensor, &spec.shape))?);
+        }
+        let entry = graph.entry_function.as_str();
+        let function = session
+            .functions()
+            .iter()
+            .find(|f| f.name == entry || f.name.rsplit_once('.').is_some_and(|(_, name)| name == entry))
+            .with_context(|| format!("the compiled encoder exports no function `{entry}`"))?
+            .name
+            .clone();
+        let args: Vec<Arg<'_>> = inputs.iter().map(Arg::from).collect();
+        let outputs = session.call(&function, &args)?;
+        let index = match output {
+            Some(name) => graph
+                .outputs
+                .iter()
+                .position(|o| o.name.as_str() == name)
+                .with_context(|| format!("the contract places output `{name}`, which the graph does not have"))?,
+            None => 0,
+        };
+        let host = outputs.get(index).context("the encoder returned fewer outputs than it declares")?.to_host()?;
+        let values: Vec<f32> = host.to_vec()?;
+        let shape = host.shape().to_vec();
+        let rows = item.grid.feature_tokens as usize;
+        let width: usize = shape.iter().skip(1).product();
+        if shape.first().copied().unwrap_or(0) < rows {
+            bail!("the encoder output has shape {shape:?}, fewer than the item's {rows} feature rows");
+        }
+        Ok(values[..rows * width].to_vec())
+    }
+}
+
+/// Whether `item` has a tensor for each bucket input, of its dtype and rank and no larger.
+fn fits(inputs: &[TensorSpec], item: &Preprocessed) -> bool {
+    inputs.iter().all(|spec| {
+        item.tensors.iter().any(|t| {
+            t.spec.name == spec.name
+                && t.spec.dtype == spec.dtype
+                && t.spec.shape.len() == spec.shape.len()
+                && t.spec.shape.iter().zip(spec.shape.iter()).all(|(have, room)| have <= room)
+        })
+    })
+}
+
+/// The tensor's bytes zero-padded at the end of every axis to `to`.
+fn pad(tensor: &Tensor, to: &[u64]) -> Vec<u8> {
+    let from: Vec<usize> = tensor.spec.shape.iter().map(|&d| d as usize).collect();
+    let to: Vec<usize> = to.iter().map(|&d| d as usize).collect();
+    if from == to || from.is_empty() {
+        return tensor.data.to_vec();
+    }
+    let size = tensor.spec.dtype.size();
+    let rank = from.len();
+    let mut strides = vec![1usize; rank];
+    for axis in (0..rank - 1).rev() {
+        strides[axis] = strides[axis + 1] * to[axis + 1];
+    }
+    let row = from[rank - 1] * size;
+    let outer: usize = from[..rank - 1].iter().product();
+    let mut out = vec![0u8; to.iter().product::<usize>() * size];
+    for o in 0..outer {
+        let (mut rest, mut offset) = (o, 0);
+        for axis in (0..rank - 1).rev() {
+            offset += (rest % from[axis]) * strides[axis];
+            rest /= from[axis];
+        }
+        out[offset * size..offset * size + row].copy_from_slice(&tensor.data[o * row..(o + 1) * row]);
+    }
+    out
+}
+
+pub(crate) fn shim_dtype(dtype: DType) -> mlxcel_shim::DType {
+    match dtype {
+        DType::F32 => mlxcel_shim::DType::F32,
+        DType::F16 => mlxcel_shim::DType::F16,
+        DType::BF16 => mlxcel_shim::DType::BF16,
+        DType::I32 => mlxcel_shim::DType::I32,
+        DType::I64 => mlxcel_shim::DType::I64,
+        DType::U8 => mlxcel_shim::DType::U8,
+        DType::Bool => mlxcel_shim::DType::Bool,
+    }
+}
+
+/// The text embeddings `[n, hidden]` scaled by the contract's `text_scale`, with each placement's
+/// feature rows (`features[i]` for placement `i`) written over its positions.
+fn merge(text: &HostTensor, contract: &PrefillContract, features: &[Vec<f32>]) -> Result<HostTensor> {
+    if text.dtype() != mlxcel_shim::DType::F32 {
+        bail!("the decoder embeds in {}; merging image features supports f32 embeddings only", text.dtype());
+    }
+    let shape = text.shape().to_vec();
+    let [n, hidden] = shape[..] else { bail!("the text embeddings have shape {shape:?}, not [n, hidden]") };
+    let mut values: Vec<f32> = text.to_vec()?;
+    if contract.text_scale != 1.0 {
+        for v in &mut values {
+            *v *= contract.text_scale;
+        }
+    }
+    for (placement, rows) in contract.placements.iter().zip(features) {
+        let (start, count) = (placement.token_start as usize, placement.rows as usize);
+        if start + count > n {
+            bail!("the contract places rows {start}..{} in a prompt of {n} tokens", start + count);
+        }
+        if rows.len() != count * hidden {
+            bail!(
+                "item {} has {} feature values; its placement needs {count} rows of {hidden}",
+                placement.item,
+                rows.len()
+            );
+        }
+        values[start * hidden..(start + count) * hidden].copy_from_slice(rows);
+    }
+    Ok(HostTensor::from_slice(vec![n, hidden], &values)?)
+}
+
+/// The contract's positions as the decoder takes them.
+fn positions(laid: &Laid, n: usize) -> Result<Positions> {
+    if laid.len() != n {
+        bail!("the contract has {} positions for a prompt of {n} tokens", laid.len());
+    }
+    let narrow = |ids: &[i64]| -> Result<Vec<i32>> {
+        ids.iter().map(|&p| i32::try_from(p).map_err(|_| anyhow!("position {p} does not fit i32"))).collect()
+    };
+    let (ids, next) = match laid {
+        Laid::OneD { ids, next_position } => (ids.as_slice(), *next_position),
+        Laid::MRope { ids, next_position, .. } => (ids.as_slice(), *next_position),
+    };
+    // The decoder continues from the largest position plus one; the contract must agree.
+    let largest = ids.iter().copied().max().unwrap_or(-1);
+    if next != largest + 1 {
+        bail!("the contract continues decoding at {next}, not after its largest position {largest}");
+    }
+    Ok(match laid {
+        Laid::OneD { .. } => Positions::OneD(narrow(ids)?),
+        Laid::MRope { .. } => Positions::MRope([narrow(&ids[..n])?, narrow(&ids[n..2 * n])?, narrow(&ids[2 * n..])?]),
+    })
+}
+
+/// The contract's mask as the decoder's extras: causal plus square bidirectional blocks.
+fn bidirectional(contract: &PrefillContract) -> Result<Vec<std::ops::Range<usize>>> {
+    match contract.mask.base {
+        MaskBase::Causal => {}
+    }
+    contract
+        .mask
+        .blocks
+        .iter()
+        .map(|b| {
+            if b.allow && b.row_start == b.col_start && b.rows == b.cols {
+                Ok(b.row_start as usize..(b.row_start + b.rows) as usize)
+            } else {
+                Err(anyhow!("the contract's mask has a block the decoder cannot apply: {b:?}"))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_places_each_row_at_the_start_of_the_larger_shape() {
+        let tensor = Tensor::from_f32("x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]).expect("tensor");
+        let padded = pad(&tensor, &[3, 3]);
+        let values: Vec<f32> = padded.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(values, [1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(pad(&tensor, &[2, 2]), tensor.data.to_vec());
+    }
+}
