@@ -104,10 +104,9 @@ impl Compiler {
         let mut flags = target.flags();
         flags.extend(extra_flags.iter().cloned());
         let _span = tracing::info_span!("compile", module = what).entered();
-        // Concurrent compiler sessions in one process crashed (SIGSEGV) on
-        // IREE 3.13 with decoder-sized modules; one compile at a time.
-        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // One thread uses IREE at a time (see lock.rs): concurrent compiler
+        // sessions crashed (SIGSEGV) on IREE 3.13 with decoder-sized modules.
+        let _guard = crate::lock::IreeLock::acquire();
         let started = std::time::Instant::now();
         let vmfb = self
             .inner

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod compiler;
 pub mod error;
 mod ffi;
+mod lock;
 pub mod runtime;
 pub mod tensor;
 

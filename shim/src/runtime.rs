@@ -73,6 +73,8 @@ struct DeviceInner {
     device: *mut sys::iree_hal_device_t,
     group: *mut sys::iree_hal_device_group_t,
     kind: Driver,
+    // Dropped after the fields above are released (Drop runs first).
+    _lock: crate::lock::IreeLock,
 }
 
 impl Drop for DeviceInner {
@@ -99,6 +101,45 @@ impl Drop for DeviceInner {
     }
 }
 
+/// The process's one VM instance, with the HAL types registered once.
+///
+/// IREE keeps the registered HAL ref types in process-wide statics: a second
+/// instance registering (or a dropped one unregistering) them while another
+/// thread runs corrupted calls ("ref type mismatch" in
+/// `hal.executable.lookup.function`) and once hung a test. Every device
+/// therefore shares this instance, which lives for the whole process.
+fn shared_instance() -> Result<*mut sys::iree_vm_instance_t> {
+    struct Instance(*mut sys::iree_vm_instance_t);
+    // SAFETY: an IREE VM instance is reference counted and internally
+    // synchronised; it is only ever retained and used through the C API.
+    unsafe impl Send for Instance {}
+    // SAFETY: as above; shared references only read the pointer.
+    unsafe impl Sync for Instance {}
+    static INSTANCE: std::sync::OnceLock<Instance> = std::sync::OnceLock::new();
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if let Some(i) = INSTANCE.get() {
+        return Ok(i.0);
+    }
+    let _guard = INIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(i) = INSTANCE.get() {
+        return Ok(i.0);
+    }
+    let mut instance = null_mut();
+    // SAFETY: creation into a local out-pointer; on a registration failure
+    // the instance is released before returning.
+    unsafe {
+        check(
+            sys::iree_vm_instance_create(sys::IREE_VM_TYPE_CAPACITY_DEFAULT as usize, ffi::allocator(), &mut instance),
+            "creating the VM instance",
+        )?;
+        if let Err(e) = check(sys::iree_hal_module_register_all_types(instance), "registering HAL types") {
+            sys::iree_vm_instance_release(instance);
+            return Err(e);
+        }
+    }
+    Ok(INSTANCE.get_or_init(|| Instance(instance)).0)
+}
+
 /// A VM instance and one HAL device. Cheap to clone (reference counted).
 #[derive(Clone)]
 pub struct Device {
@@ -122,15 +163,13 @@ impl Device {
             device: null_mut(),
             group: null_mut(),
             kind,
+            _lock: crate::lock::IreeLock::acquire(),
         };
         // SAFETY: every out-pointer is a field of `inner`, whose Drop releases
         // whatever was created if a later step fails.
         unsafe {
-            check(
-                sys::iree_vm_instance_create(sys::IREE_VM_TYPE_CAPACITY_DEFAULT as usize, a, &mut inner.instance),
-                "creating the VM instance",
-            )?;
-            check(sys::iree_hal_module_register_all_types(inner.instance), "registering HAL types")?;
+            inner.instance = shared_instance()?;
+            sys::iree_vm_instance_retain(inner.instance);
             check(sys::iree_hal_driver_registry_allocate(a, &mut inner.registry), "allocating the driver registry")?;
             check(sys::iree_hal_register_all_available_drivers(inner.registry), "registering HAL drivers")?;
             check(
