@@ -613,10 +613,16 @@ fn weight_names(ckpt: &Checkpoint, config: &TextConfig) -> Result<WeightNames, D
     Ok(WeightNames { prefix: prefix.to_owned(), lm_head })
 }
 
-/// The contract matching the checkpoint's weight dtype.
-fn contract_for(ckpt: &Checkpoint, names: &WeightNames) -> Result<NumericContract, DecoderError> {
+/// The checkpoint's embedding-table key and its safetensors dtype.
+fn embed_dtype(ckpt: &Checkpoint, names: &WeightNames) -> (String, String) {
     let key = format!("{}embed_tokens.weight", names.prefix);
     let found = ckpt.get(&key).map(|e| e.dtype.clone()).unwrap_or_default();
+    (key, found)
+}
+
+/// The contract matching the checkpoint's weight dtype.
+fn contract_for(ckpt: &Checkpoint, names: &WeightNames) -> Result<NumericContract, DecoderError> {
+    let (key, found) = embed_dtype(ckpt, names);
     match found.as_str() {
         "F32" => Ok(NumericContract::f32()),
         "BF16" => Ok(NumericContract::bf16()),
@@ -628,8 +634,7 @@ fn contract_for(ckpt: &Checkpoint, names: &WeightNames) -> Result<NumericContrac
 /// the contract's activation dtype (f32 checkpoints run the f32 contract).
 fn weight_dtype(ckpt: &Checkpoint, names: &WeightNames, contract: &NumericContract) -> Result<Elem, DecoderError> {
     let want = contract.activations;
-    let key = format!("{}embed_tokens.weight", names.prefix);
-    let found = ckpt.get(&key).map(|e| e.dtype.clone()).unwrap_or_default();
+    let (key, found) = embed_dtype(ckpt, names);
     if Elem::from_safetensors(&found) != Some(want) {
         return Err(DecoderError::WeightDtype { key, found, want: want.to_string() });
     }

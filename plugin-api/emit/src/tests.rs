@@ -2,6 +2,15 @@
 
 use crate::{Compare, Elem, Module, NumericContract, Reduce, RmsStyle, Type};
 
+/// The op of every SSA definition in `text`, in order.
+fn op_names(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with("%v"))
+        .filter_map(|l| l.split(" = ").nth(1))
+        .map(|r| r.split_whitespace().next().unwrap_or(""))
+        .collect()
+}
+
 fn t(shape: &[usize]) -> Type {
     Type::new(Elem::F32, shape)
 }
@@ -106,12 +115,7 @@ fn bf16_linear_widens_then_rounds_once() {
     let y = NumericContract::bf16().linear(&mut f, &a[0], &wv, None);
     m.add_func(f, &[y]);
     let text = m.finish().expect("valid");
-    let ops: Vec<&str> = text
-        .lines()
-        .filter(|l| l.trim_start().starts_with("%v"))
-        .filter_map(|l| l.split(" = ").nth(1))
-        .map(|r| r.split_whitespace().next().unwrap_or(""))
-        .collect();
+    let ops = op_names(&text);
     assert_eq!(
         ops,
         ["util.global.load", "stablehlo.convert", "stablehlo.convert", "stablehlo.dot_general", "stablehlo.convert"]
@@ -155,12 +159,7 @@ fn bf16_silu_rounds_once() {
     let y = NumericContract::bf16().silu(&mut f, &a[0]);
     m.add_func(f, &[y]);
     let text = m.finish().expect("valid");
-    let ops: Vec<&str> = text
-        .lines()
-        .filter(|l| l.trim_start().starts_with("%v"))
-        .filter_map(|l| l.split(" = ").nth(1))
-        .map(|r| r.split_whitespace().next().unwrap_or(""))
-        .collect();
+    let ops = op_names(&text);
     assert_eq!(
         ops,
         [
