@@ -9,7 +9,7 @@ mod tokenizer;
 
 use std::path::{Path, PathBuf};
 
-pub use stop::stop_tokens;
+pub use stop::{StopScan, StopStringError, StopStrings, stop_tokens};
 pub use template::{ChatTemplate, Content, Message, Part};
 pub use tokenizer::{Detokenizer, Tokenizer};
 
