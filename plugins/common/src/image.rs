@@ -31,6 +31,43 @@ pub enum ImageError {
     /// The encoded bytes are in a format this crate does not decode.
     #[error("unsupported image format (png is decoded; pass other formats as decoded rgb)")]
     Format,
+    /// The header declares more pixels than the caller allows; refused before decoding.
+    #[error("the image is {width}x{height} ({pixels} pixels), over the limit of {limit} pixels")]
+    TooManyPixels { width: u32, height: u32, pixels: u64, limit: u64 },
+}
+
+/// The eight bytes every PNG starts with.
+const PNG_SIGNATURE: &[u8; 8] = b"\x89PNG\r\n\x1a\n";
+
+/// What the PNG decoder may allocate besides the decoded frame's size: the chunks it still
+/// keeps (palette, transparency, `eXIf`, animation control; text and ICC profiles are
+/// skipped, since decoding to RGB ignores them).
+const PNG_METADATA_BYTES: u64 = 1 << 20;
+
+/// The width and height a PNG declares, read from its `IHDR` chunk alone (the first chunk,
+/// right after the signature; its CRC is left to the decoder). Nothing is allocated, so this
+/// is the check to make before trusting an upload's size.
+pub fn png_dimensions(bytes: &[u8]) -> Result<(u32, u32), ImageError> {
+    if bytes.len() < PNG_SIGNATURE.len() && PNG_SIGNATURE.starts_with(bytes) {
+        return Err(ImageError::Png("truncated in the signature".into()));
+    }
+    if !bytes.starts_with(PNG_SIGNATURE) {
+        return Err(ImageError::Format);
+    }
+    // Length (4), type (4), then width (4), height (4), bit depth, colour type, compression,
+    // filter and interlace (1 each), then the CRC (4).
+    let Some(ihdr) = bytes.get(8..33) else {
+        return Err(ImageError::Png("truncated in the ihdr chunk".into()));
+    };
+    if ihdr[..8] != *b"\0\0\0\x0dIHDR" {
+        return Err(ImageError::Png("the first chunk is not a 13-byte ihdr".into()));
+    }
+    let field = |at: usize| u32::from_be_bytes([ihdr[at], ihdr[at + 1], ihdr[at + 2], ihdr[at + 3]]);
+    let (width, height) = (field(8), field(12));
+    if width == 0 || height == 0 {
+        return Err(ImageError::Empty { width, height });
+    }
+    Ok((width, height))
 }
 
 /// An 8-bit RGB image, row-major, channels interleaved.
@@ -114,14 +151,29 @@ impl Image {
         Ok(Self { width, height, pixels })
     }
 
-    /// Decodes an encoded image; PNG only. Alpha is dropped and grey expanded to RGB, as
-    /// PIL's `convert("RGB")` does for images without transparency.
+    /// Decodes an encoded image of any size; PNG only. Alpha is dropped and grey expanded to
+    /// RGB, as PIL's `convert("RGB")` does for images without transparency. For untrusted
+    /// input use [`Image::decode_limited`].
     pub fn decode(bytes: &[u8]) -> Result<Self, ImageError> {
-        if !bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-            return Err(ImageError::Format);
+        Self::decode_limited(bytes, u64::MAX)
+    }
+
+    /// [`Image::decode`], refusing an image that declares more than `max_pixels` pixels
+    /// ([`ImageError::TooManyPixels`]) from its header, before any pixel buffer exists. The
+    /// decoder's own allocations are held to what the declared image needs: the decoded
+    /// frame's size (at most RGBA, 8 bits) plus a fixed allowance for metadata chunks.
+    pub fn decode_limited(bytes: &[u8], max_pixels: u64) -> Result<Self, ImageError> {
+        let (width, height) = png_dimensions(bytes)?;
+        let pixels = u64::from(width) * u64::from(height);
+        if pixels > max_pixels {
+            return Err(ImageError::TooManyPixels { width, height, pixels, limit: max_pixels });
         }
+        let budget = pixels.saturating_mul(4).saturating_add(PNG_METADATA_BYTES);
+        let limits = png::Limits { bytes: usize::try_from(budget).unwrap_or(usize::MAX) };
         let png_error = |e: png::DecodingError| ImageError::Png(e.to_string().to_lowercase());
-        let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+        let mut decoder = png::Decoder::new_with_limits(std::io::Cursor::new(bytes), limits);
+        decoder.set_ignore_text_chunk(true);
+        decoder.set_ignore_iccp_chunk(true);
         decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
         let mut reader = decoder.read_info().map_err(png_error)?;
         let size = reader.output_buffer_size().ok_or_else(|| ImageError::Png("the image is too large".into()))?;

@@ -10,5 +10,5 @@
 pub mod image;
 pub mod patches;
 
-pub use image::{Image, ImageError, Normalize, Resample};
+pub use image::{Image, ImageError, Normalize, Resample, png_dimensions};
 pub use patches::{PatchGrid, Patchify, ResizeError, smart_resize};
