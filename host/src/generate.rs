@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use mlxcel_host::{
     decoder::{BundleShape, Decoder, DecoderOptions},
-    sampling::{Sampler, SamplingParams},
+    sampling::{History, Sampler, SamplingParams},
     text::{ChatTemplate, Content, Detokenizer, Message, Part, Tokenizer, stop_tokens},
 };
 use mlxcel_plugin_api::QualificationPolicy;
@@ -56,6 +56,15 @@ pub(crate) struct GenerateArgs {
     /// Drop tokens less likely than this fraction of the most likely one (0: none).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     min_p: f32,
+    /// Penalise tokens of the prompt and output: positive logits divided by it, others multiplied (1: off).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Subtract this times the number of times a token was generated from its logit (-2 to 2; 0: off).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Subtract this from the logit of every token generated at least once (-2 to 2; 0: off).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
+    presence_penalty: f32,
     /// Seed for sampling (default: a fresh one, reported with --json).
     #[arg(long)]
     seed: Option<u64>,
@@ -130,8 +139,15 @@ fn is_broken_pipe(e: &std::io::Error) -> bool {
 }
 
 fn run(args: &GenerateArgs) -> Result<()> {
-    let params =
-        SamplingParams { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        frequency_penalty: args.frequency_penalty,
+        presence_penalty: args.presence_penalty,
+    };
     let mut sampler = Sampler::new(params, args.seed).context("invalid sampling parameters")?;
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
@@ -224,7 +240,9 @@ fn run(args: &GenerateArgs) -> Result<()> {
         }
     };
     let vocab = decoder.config().vocab;
-    let mut next = sampler.sample(&logits[logits.len() - vocab..]).context("sampling")?;
+    // The penalties see the prompt ids (media placeholders expanded) and the tokens generated.
+    let history = History { prompt: &ids, generated: &[] };
+    let mut next = sampler.sample(&logits[logits.len() - vocab..], history).context("sampling")?.token;
     let prefill = started.elapsed();
 
     let started = Instant::now();
@@ -248,7 +266,8 @@ fn run(args: &GenerateArgs) -> Result<()> {
         let logits = decoder.decode(&[(slot, next)]).context("decode")?;
         steps += 1;
         let row = logits.first().context("the decoder returned no logits")?;
-        next = sampler.sample(row).context("sampling")?;
+        let history = History { prompt: &ids, generated: &tokens };
+        next = sampler.sample(row, history).context("sampling")?.token;
     };
     let decode = started.elapsed();
     let rest = detok.finish(&tokenizer)?;

@@ -1,15 +1,22 @@
-//! Token sampling: greedy, temperature, top-k, top-p and min-p over one row
-//! of logits, with a per-request seeded RNG. Pure functions over a logits
-//! slice and an RNG, so the batch engine can sample each slot's row with that
-//! request's own `Sampler`.
+//! Token sampling: repetition, frequency and presence penalties, then greedy,
+//! temperature, top-k, top-p and min-p over one row of logits, with a
+//! per-request seeded RNG, and optionally the log-probabilities of the chosen
+//! token and of the most likely ones. Pure functions over a logits slice, the
+//! request's token history and an RNG, so the batch engine can sample each
+//! slot's row with that request's own `Sampler`.
 
 use rand_chacha::{
     ChaCha8Rng,
     rand_core::{RngCore, SeedableRng},
 };
 
-/// How one request picks its next token. The filters apply in the order
-/// transformers applies them: temperature, top-k, top-p, then min-p.
+/// The most top log-probabilities a request may ask for (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// How one request picks its next token. The penalties apply first, as vLLM
+/// applies them (repetition, then frequency, then presence); then the
+/// filters, in the order transformers applies them: temperature, top-k,
+/// top-p, then min-p.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 picks the most likely token (greedy); otherwise logits are divided by it.
@@ -20,6 +27,17 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Drop tokens less likely than `min_p` times the most likely one; 0 keeps all.
     pub min_p: f32,
+    /// Penalises every distinct token of the prompt and of the generated
+    /// tokens, as transformers' `RepetitionPenaltyLogitsProcessor` (and
+    /// vLLM): a positive logit is divided by it, any other multiplied by it.
+    /// 1 is off; above 1 discourages repeats, below 1 encourages them.
+    pub repetition_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (the
+    /// prompt does not count), as OpenAI and vLLM; in [-2, 2], 0 is off.
+    pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token generated at least once
+    /// (the prompt does not count), as OpenAI and vLLM; in [-2, 2], 0 is off.
+    pub presence_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -28,7 +46,7 @@ impl Default for SamplingParams {
     }
 }
 
-/// Why a token could not be sampled.
+/// Why a token could not be sampled, or a sampler not built.
 #[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum SamplingError {
     #[error("temperature must be a finite number >= 0, got {0}")]
@@ -37,6 +55,14 @@ pub enum SamplingError {
     TopP(f32),
     #[error("min_p must be in [0, 1], got {0}")]
     MinP(f32),
+    #[error("repetition_penalty must be a finite number > 0, got {0}")]
+    RepetitionPenalty(f32),
+    #[error("frequency_penalty must be in [-2, 2], got {0}")]
+    FrequencyPenalty(f32),
+    #[error("presence_penalty must be in [-2, 2], got {0}")]
+    PresencePenalty(f32),
+    #[error("top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {0}")]
+    TopLogprobs(usize),
     #[error("the logits are empty")]
     EmptyLogits,
     #[error("logit {index} is NaN")]
@@ -46,7 +72,15 @@ pub enum SamplingError {
 }
 
 impl SamplingParams {
-    pub const GREEDY: SamplingParams = SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0 };
+    pub const GREEDY: SamplingParams = SamplingParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+    };
 
     /// Checks every parameter is in range.
     pub fn validate(&self) -> Result<(), SamplingError> {
@@ -60,6 +94,15 @@ impl SamplingParams {
         if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
             return Err(SamplingError::MinP(self.min_p));
         }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(SamplingError::FrequencyPenalty(self.frequency_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(SamplingError::PresencePenalty(self.presence_penalty));
+        }
         Ok(())
     }
 
@@ -67,24 +110,74 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
+
+    /// Whether any penalty is on (otherwise the history is not looked at).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
 }
 
-/// One request's sampler: its parameters and its own RNG stream, so the same
-/// seed gives the same tokens whatever else runs in the batch.
+/// A request's logical tokens so far, which the penalties look at: the
+/// prompt's, then the generated ones (the token being sampled not included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct History<'a> {
+    pub prompt: &'a [u32],
+    pub generated: &'a [u32],
+}
+
+/// Log-probabilities of one sampled position: the log-softmax of the raw
+/// model logits (before penalties and temperature, as vLLM reports them by
+/// default), computed in f64 and reported as f32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen token's.
+    pub logprob: f32,
+    /// The most likely tokens with theirs, as many as asked for (fewer when
+    /// fewer tokens have a finite logit: masked tokens are never listed), by
+    /// log-probability descending, ties by lower token id. It may or may not
+    /// include the chosen token.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One sampled token, with its log-probabilities when the sampler was asked
+/// for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// One request's sampler: its parameters, its own RNG stream (so the same
+/// seed gives the same tokens whatever else runs in the batch) and whether it
+/// reports log-probabilities.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     params: SamplingParams,
     seed: u64,
     rng: ChaCha8Rng,
+    top_logprobs: Option<usize>,
 }
 
 impl Sampler {
     /// A sampler seeded with `seed`, or with a fresh seed from the OS when
-    /// `None` (read it back with [`Sampler::seed`] to reproduce the run).
+    /// `None` (read it back with [`Sampler::seed`] to reproduce the run). It
+    /// reports no log-probabilities (see [`Sampler::with_logprobs`]).
     pub fn new(params: SamplingParams, seed: Option<u64>) -> Result<Self, SamplingError> {
         params.validate()?;
         let seed = seed.unwrap_or_else(fresh_seed);
-        Ok(Sampler { params, seed, rng: ChaCha8Rng::seed_from_u64(seed) })
+        Ok(Sampler { params, seed, rng: ChaCha8Rng::seed_from_u64(seed), top_logprobs: None })
+    }
+
+    /// The same sampler reporting log-probabilities: `None` none, `Some(n)`
+    /// the chosen token's and the `n` most likely tokens' (see
+    /// [`TokenLogprobs`]). More than [`MAX_TOP_LOGPROBS`] is refused.
+    pub fn with_logprobs(self, top: Option<usize>) -> Result<Self, SamplingError> {
+        if let Some(n) = top
+            && n > MAX_TOP_LOGPROBS
+        {
+            return Err(SamplingError::TopLogprobs(n));
+        }
+        Ok(Sampler { top_logprobs: top, ..self })
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -95,9 +188,25 @@ impl Sampler {
         self.seed
     }
 
-    /// Picks the next token from one row of logits.
-    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
-        sample(logits, &self.params, &mut self.rng)
+    /// How many top log-probabilities each token reports, if any are.
+    pub fn top_logprobs(&self) -> Option<usize> {
+        self.top_logprobs
+    }
+
+    /// Picks the next token from one row of logits: penalties from `history`
+    /// (on a copy of the row; with every penalty off the row is sampled as
+    /// is), then [`sample`]; log-probabilities come from the raw row.
+    pub fn sample(&mut self, logits: &[f32], history: History<'_>) -> Result<Sampled, SamplingError> {
+        let token = if self.params.has_penalties() {
+            check_logits(logits)?;
+            let mut penalised = logits.to_vec();
+            apply_penalties(&mut penalised, &self.params, history);
+            sample(&penalised, &self.params, &mut self.rng)?
+        } else {
+            sample(logits, &self.params, &mut self.rng)?
+        };
+        let logprobs = self.top_logprobs.map(|top| token_logprobs(logits, token, top));
+        Ok(Sampled { token, logprobs })
     }
 }
 
@@ -112,6 +221,77 @@ fn fresh_seed() -> u64 {
     }
 }
 
+/// Applies `params`' penalties to `logits` in place, as vLLM does, in f32:
+///
+/// 1. repetition: each distinct token of the prompt and the generated tokens
+///    (counted once however often it occurs), as transformers'
+///    `RepetitionPenaltyLogitsProcessor`: a logit > 0 is divided by the
+///    penalty, any other multiplied by it;
+/// 2. frequency: `count * frequency_penalty` subtracted, `count` the token's
+///    occurrences among the generated tokens;
+/// 3. presence: `presence_penalty` subtracted once for each distinct
+///    generated token.
+///
+/// Ids outside the row are ignored. A penalty that is off changes nothing.
+pub fn apply_penalties(logits: &mut [f32], params: &SamplingParams, history: History<'_>) {
+    let vocab = logits.len();
+    let rep = params.repetition_penalty;
+    if rep != 1.0 {
+        let mut seen: Vec<u32> = history.prompt.iter().chain(history.generated).copied().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for id in seen.into_iter().map(|t| t as usize).filter(|&i| i < vocab) {
+            let l = &mut logits[id];
+            *l = if *l > 0.0 { *l / rep } else { *l * rep };
+        }
+    }
+    let (freq, presence) = (params.frequency_penalty, params.presence_penalty);
+    if freq != 0.0 || presence != 0.0 {
+        let mut generated = history.generated.to_vec();
+        generated.sort_unstable();
+        for run in generated.chunk_by(|a, b| a == b) {
+            let id = run[0] as usize;
+            if id >= vocab {
+                continue;
+            }
+            if freq != 0.0 {
+                logits[id] -= run.len() as f32 * freq;
+            }
+            if presence != 0.0 {
+                logits[id] -= presence;
+            }
+        }
+    }
+}
+
+/// The log-probabilities of `token` and of the `top` most likely tokens
+/// under `logits` (see [`TokenLogprobs`]): the log-softmax in f64, reported
+/// as f32. Expects what a successful [`sample`] leaves: no NaN, a finite
+/// most likely logit and `token` in range (an id out of range panics).
+pub fn token_logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    let sum: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+    let log_norm = max + sum.ln();
+    let logprob_of = |l: f32| (f64::from(l) - log_norm) as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        // Ids come in ascending order, so an equal log-probability never
+        // displaces (or goes before) one already kept: ties keep the lower id.
+        for (id, &l) in logits.iter().enumerate() {
+            if l == f32::NEG_INFINITY {
+                continue;
+            }
+            let lp = logprob_of(l);
+            if best.len() == top && best.last().is_some_and(|&(_, worst)| lp <= worst) {
+                continue;
+            }
+            let at = best.partition_point(|&(_, kept)| kept >= lp);
+            best.insert(at, (id as u32, lp));
+            best.truncate(top);
+        }
+    }
+    TokenLogprobs { logprob: logprob_of(logits[token as usize]), top: best }
+}
 /// The most likely token; the lowest id wins a tie (as `torch.argmax`).
 pub fn greedy(logits: &[f32]) -> Result<u32, SamplingError> {
     check_logits(logits)?;
@@ -212,13 +392,42 @@ mod tests {
     const LOGITS: [f32; 6] = [1.0, 3.0, 2.5, -1.0, 3.0, 0.0];
 
     fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
-        SamplingParams { temperature, top_k, top_p, min_p }
+        SamplingParams { temperature, top_k, top_p, min_p, ..SamplingParams::GREEDY }
     }
 
-    /// Draws `n` tokens with one seeded sampler.
+    fn penalties(repetition_penalty: f32, frequency_penalty: f32, presence_penalty: f32) -> SamplingParams {
+        SamplingParams { repetition_penalty, frequency_penalty, presence_penalty, ..SamplingParams::GREEDY }
+    }
+
+    fn history<'a>(prompt: &'a [u32], generated: &'a [u32]) -> History<'a> {
+        History { prompt, generated }
+    }
+
+    /// Draws `n` tokens with one seeded sampler and no history.
     fn draws(p: SamplingParams, seed: u64, logits: &[f32], n: usize) -> Vec<u32> {
         let mut s = Sampler::new(p, Some(seed)).expect("valid");
-        (0..n).map(|_| s.sample(logits).expect("samples")).collect()
+        (0..n).map(|_| s.sample(logits, History::default()).expect("samples").token).collect()
+    }
+
+    /// Draws `n` tokens with one seeded sampler, each fed back as generated.
+    fn generate(s: &mut Sampler, logits: &[f32], prompt: &[u32], n: usize) -> Vec<u32> {
+        let mut generated = Vec::new();
+        for _ in 0..n {
+            let token = s.sample(logits, history(prompt, &generated)).expect("samples").token;
+            generated.push(token);
+        }
+        generated
+    }
+
+    /// The greedy choice under `p`'s penalties.
+    fn pick(p: SamplingParams, logits: &[f32], h: History<'_>) -> u32 {
+        Sampler::new(p, Some(0)).expect("valid").sample(logits, h).expect("samples").token
+    }
+
+    fn penalised(p: SamplingParams, logits: &[f32], h: History<'_>) -> Vec<f32> {
+        let mut l = logits.to_vec();
+        apply_penalties(&mut l, &p, h);
+        l
     }
 
     fn support(p: SamplingParams, logits: &[f32]) -> Vec<u32> {
@@ -226,6 +435,20 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         seen
+    }
+
+    /// A row of `n` logits in [-10, 10), every 17th masked.
+    fn random_row(seed: u64, n: usize) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|i| if i % 17 == 5 { f32::NEG_INFINITY } else { (unit_f64(&mut rng) * 20.0 - 10.0) as f32 })
+            .collect()
+    }
+
+    /// ln softmax(logits)[i], the textbook way in f64 (fine for small logits).
+    fn naive_logprob(logits: &[f32], i: usize) -> f64 {
+        let total: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        (f64::from(logits[i]).exp() / total).ln()
     }
 
     #[test]
@@ -250,7 +473,7 @@ mod tests {
         assert_ne!(a, draws(p, 43, &LOGITS, 64), "another seed gives another stream");
         // A random seed is reported and replays the run.
         let mut s = Sampler::new(p, None).expect("valid");
-        let first: Vec<u32> = (0..64).map(|_| s.sample(&LOGITS).expect("samples")).collect();
+        let first: Vec<u32> = (0..64).map(|_| s.sample(&LOGITS, History::default()).expect("samples").token).collect();
         assert_eq!(first, draws(p, s.seed(), &LOGITS, 64));
     }
 
@@ -320,7 +543,187 @@ mod tests {
     }
 
     #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_other_logits() {
+        let l = [2.0, 1.8, -0.5, -0.6];
+        assert_eq!(pick(SamplingParams::GREEDY, &l, history(&[0], &[])), 0);
+        // 2.0 / 1.5 = 1.33 falls below 1.8, whether token 0 was prompted or generated.
+        assert_eq!(pick(penalties(1.5, 0.0, 0.0), &l, history(&[0], &[])), 1);
+        assert_eq!(pick(penalties(1.5, 0.0, 0.0), &l, history(&[], &[0])), 1);
+        assert_eq!(penalised(penalties(1.5, 0.0, 0.0), &l, history(&[0], &[2])), [2.0 / 1.5, 1.8, -0.5 * 1.5, -0.6]);
+        // A negative logit is multiplied: -1.0 becomes -1.5, below -1.2 (dividing would keep token 0).
+        assert_eq!(pick(penalties(1.5, 0.0, 0.0), &[-1.0, -1.2], history(&[0], &[])), 1);
+        // Below 1 it encourages: 1.0 / 0.5 = 2.0 beats 1.2.
+        assert_eq!(pick(penalties(0.5, 0.0, 0.0), &[1.0, 1.2], history(&[0], &[])), 0);
+        // Once per distinct token: 3.0 / 1.5 = 2.0 still beats 1.5 (three times would give 0.89).
+        assert_eq!(pick(penalties(1.5, 0.0, 0.0), &[3.0, 1.5], history(&[0, 0], &[0, 0, 0])), 0);
+        // Ids outside the row are ignored.
+        assert_eq!(penalised(penalties(1.5, 0.0, 0.0), &[3.0, 1.5], history(&[9], &[7])), [3.0, 1.5]);
+    }
+
+    #[test]
+    fn frequency_penalty_subtracts_count_times_penalty_per_generated_token() {
+        let l = [3.0, 2.5, 0.0];
+        // Token 0 generated twice, 1 once: 3 - 2 * 0.3 = 2.4 still beats 2.5 - 0.3 = 2.2 ...
+        assert_eq!(pick(penalties(1.0, 0.3, 0.0), &l, history(&[], &[0, 1, 0])), 0);
+        // ... but 3 - 2 * 0.6 = 1.8 does not beat 2.5 - 0.6 = 1.9.
+        assert_eq!(pick(penalties(1.0, 0.6, 0.0), &l, history(&[], &[0, 1, 0])), 1);
+        assert_eq!(
+            penalised(penalties(1.0, 0.6, 0.0), &l, history(&[], &[0, 1, 0])),
+            [3.0 - 2.0 * 0.6, 2.5 - 0.6, 0.0]
+        );
+        // A negative penalty encourages: 2.5 + 2 * 0.3 = 3.1 beats 3.0, once only 2.8 does not.
+        assert_eq!(pick(penalties(1.0, -0.3, 0.0), &l, history(&[], &[1, 1])), 1);
+        assert_eq!(pick(penalties(1.0, -0.3, 0.0), &l, history(&[], &[1])), 0);
+    }
+
+    #[test]
+    fn presence_penalty_subtracts_once_per_distinct_generated_token() {
+        let l = [3.0, 2.5];
+        // Once: 3 - 0.4 = 2.6 beats 2.5 (three times would give 1.8).
+        assert_eq!(pick(penalties(1.0, 0.0, 0.4), &l, history(&[], &[0, 0, 0])), 0);
+        assert_eq!(pick(penalties(1.0, 0.0, 0.6), &l, history(&[], &[0, 0, 0])), 1);
+        assert_eq!(penalised(penalties(1.0, 0.0, 0.4), &l, history(&[], &[0, 0, 0])), [3.0 - 0.4, 2.5]);
+    }
+
+    #[test]
+    fn only_repetition_penalty_counts_prompt_tokens() {
+        let l = [3.0, 2.5, 1.0];
+        let prompt = [0, 0, 0, 0, 2];
+        assert_eq!(pick(penalties(1.0, 2.0, 2.0), &l, history(&prompt, &[])), 0);
+        assert_eq!(penalised(penalties(1.0, 2.0, 2.0), &l, history(&prompt, &[])), l);
+        assert_eq!(penalised(penalties(2.0, 2.0, 2.0), &l, history(&prompt, &[])), [1.5, 2.5, 0.5]);
+        assert_eq!(pick(penalties(2.0, 0.0, 0.0), &l, history(&prompt, &[])), 1);
+    }
+
+    #[test]
+    fn penalties_apply_repetition_then_frequency_then_presence() {
+        let l = [4.0, 0.0, 1.0];
+        let p = penalties(2.0, 0.5, 0.25);
+        // (4 / 2 - 2 * 0.5) - 0.25 = 0.75; subtracting before dividing would give 1.375.
+        assert_eq!(penalised(p, &l, history(&[2], &[0, 0])), [4.0 / 2.0 - 2.0 * 0.5 - 0.25, 0.0, 1.0 / 2.0]);
+        assert_eq!(pick(p, &[4.0, 0.0, 0.6], history(&[], &[0, 0])), 0);
+        assert_eq!(pick(p, &[4.0, 0.0, 0.8], history(&[], &[0, 0])), 2);
+        // Masked tokens stay masked.
+        let masked = penalised(penalties(0.5, -2.0, -2.0), &[f32::NEG_INFINITY, 1.0], history(&[0], &[0, 0]));
+        assert_eq!(masked[0], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn all_penalties_off_is_bit_identical_to_the_plain_path() {
+        let row = random_row(5, 1000);
+        let prompt: Vec<u32> = (0..200).collect();
+        for p in [
+            SamplingParams::GREEDY,
+            params(0.7, 0, 1.0, 0.0),
+            params(1.3, 40, 1.0, 0.0),
+            params(1.0, 0, 0.9, 0.0),
+            params(1.0, 0, 1.0, 0.05),
+            params(0.8, 50, 0.95, 0.02),
+        ] {
+            for seed in 0..8 {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let plain: Vec<u32> = (0..64).map(|_| sample(&row, &p, &mut rng).expect("samples")).collect();
+                let mut s = Sampler::new(p, Some(seed)).expect("valid");
+                assert_eq!(generate(&mut s, &row, &prompt, 64), plain, "{p:?}, seed {seed}");
+                // The stream is left where the plain path left it.
+                assert_eq!(s.rng.next_u64(), rng.next_u64(), "{p:?}, seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_seeded_sampler_with_penalties_is_reproducible() {
+        let row = random_row(9, 500);
+        let prompt: Vec<u32> = (100..180).collect();
+        let p = SamplingParams { temperature: 1.0, ..penalties(1.3, 0.4, 0.3) };
+        let run = |seed| generate(&mut Sampler::new(p, Some(seed)).expect("valid"), &row, &prompt, 100);
+        let a = run(3);
+        assert_eq!(a, run(3));
+        assert_ne!(a, run(4), "another seed gives another stream");
+        // Greedy with a repetition penalty walks down the row without repeating itself.
+        let mut s = Sampler::new(penalties(100.0, 0.0, 0.0), Some(0)).expect("valid");
+        let tokens = generate(&mut s, &row, &prompt, 20);
+        let mut distinct = tokens.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 20, "{tokens:?}");
+        assert!(tokens.iter().all(|t| !prompt.contains(t)), "{tokens:?}");
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_raw_logits() {
+        let l = [0.5, -1.0, 2.0, 0.0, f32::NEG_INFINITY, 1.5];
+        // Penalties and temperature change the choice, not the reported logprobs.
+        let p = SamplingParams { temperature: 0.8, ..penalties(1.7, 0.5, 0.5) };
+        let mut s = Sampler::new(p, Some(1)).expect("valid").with_logprobs(Some(3)).expect("at most 20");
+        let mut generated = Vec::new();
+        for _ in 0..200 {
+            let Sampled { token, logprobs } = s.sample(&l, history(&[2], &generated)).expect("samples");
+            let logprobs = logprobs.expect("asked for");
+            let want = naive_logprob(&l, token as usize);
+            assert!((f64::from(logprobs.logprob) - want).abs() < 1e-6, "token {token}: {logprobs:?}, want {want}");
+            let ids: Vec<u32> = logprobs.top.iter().map(|&(id, _)| id).collect();
+            assert_eq!(ids, [2, 5, 0]);
+            for (id, lp) in logprobs.top {
+                assert!((f64::from(lp) - naive_logprob(&l, id as usize)).abs() < 1e-6, "{id}: {lp}");
+            }
+            generated.push(token);
+        }
+        let mut seen = generated.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert!(seen.len() >= 4, "the draws reach beyond the top tokens: {seen:?}");
+        // Large logits: the f64 log-sum-exp does not overflow.
+        let big = token_logprobs(&[1000.0, 999.0, -1000.0], 1, 1);
+        let want = -(1.0 + 1.0f64.exp()).ln();
+        assert!((f64::from(big.logprob) - want).abs() < 1e-6, "{big:?}");
+        assert_eq!(big.top, [(0, -(1.0 + (-1.0f64).exp()).ln() as f32)]);
+    }
+
+    #[test]
+    fn top_logprobs_sort_descending_with_ties_by_lower_id() {
+        let l = [1.0, 3.0, 2.0, 3.0, 2.0, f32::NEG_INFINITY];
+        let top = |n| {
+            let mut s =
+                Sampler::new(SamplingParams::GREEDY, Some(0)).expect("valid").with_logprobs(Some(n)).expect("n");
+            let sampled = s.sample(&l, History::default()).expect("samples");
+            assert_eq!(sampled.token, 1);
+            let logprobs = sampled.logprobs.expect("asked for");
+            if let Some(first) = logprobs.top.first() {
+                assert_eq!(*first, (1, logprobs.logprob), "the chosen token is the most likely");
+            }
+            logprobs.top
+        };
+        let ids = |n| top(n).iter().map(|&(id, _)| id).collect::<Vec<_>>();
+        assert_eq!(ids(4), [1, 3, 2, 4]);
+        assert_eq!(ids(3), [1, 3, 2]);
+        // Masked tokens are not listed.
+        assert_eq!(ids(20), [1, 3, 2, 4, 0]);
+        assert_eq!(ids(0), Vec::<u32>::new());
+        let t = top(5);
+        assert!(t[0].1 == t[1].1 && t[2].1 == t[3].1 && t[1].1 > t[2].1 && t[3].1 > t[4].1, "{t:?}");
+        // Ascending logits (every token displaces the last kept one).
+        let rising: Vec<f32> = (0..50).map(|i| i as f32 / 10.0).collect();
+        let got: Vec<u32> = token_logprobs(&rising, 0, 3).top.iter().map(|&(id, _)| id).collect();
+        assert_eq!(got, [49, 48, 47]);
+        let mut plain = Sampler::new(SamplingParams::GREEDY, Some(0)).expect("valid");
+        assert_eq!(plain.sample(&l, History::default()), Ok(Sampled { token: 1, logprobs: None }));
+    }
+
+    #[test]
+    fn more_than_20_top_logprobs_are_refused() {
+        let s = || Sampler::new(SamplingParams::GREEDY, Some(0)).expect("valid");
+        assert_eq!(s().with_logprobs(Some(21)).err(), Some(SamplingError::TopLogprobs(21)));
+        assert_eq!(s().with_logprobs(Some(20)).map(|s| s.top_logprobs()), Ok(Some(20)));
+        assert_eq!(s().with_logprobs(None).map(|s| s.top_logprobs()), Ok(None));
+        assert_eq!(s().top_logprobs(), None);
+    }
+
+    #[test]
     fn invalid_parameters_and_logits_are_errors() {
+        let rep = |r| SamplingParams { repetition_penalty: r, ..params(1.0, 0, 1.0, 0.0) };
+        let freq = |f| SamplingParams { frequency_penalty: f, ..params(1.0, 0, 1.0, 0.0) };
+        let pres = |p| SamplingParams { presence_penalty: p, ..params(1.0, 0, 1.0, 0.0) };
         for (p, want) in [
             (params(-0.5, 0, 1.0, 0.0), SamplingError::Temperature(-0.5)),
             (params(f32::INFINITY, 0, 1.0, 0.0), SamplingError::Temperature(f32::INFINITY)),
@@ -328,15 +731,30 @@ mod tests {
             (params(1.0, 0, 1.5, 0.0), SamplingError::TopP(1.5)),
             (params(1.0, 0, 1.0, -0.1), SamplingError::MinP(-0.1)),
             (params(1.0, 0, 1.0, 2.0), SamplingError::MinP(2.0)),
+            (rep(0.0), SamplingError::RepetitionPenalty(0.0)),
+            (rep(-1.0), SamplingError::RepetitionPenalty(-1.0)),
+            (rep(f32::INFINITY), SamplingError::RepetitionPenalty(f32::INFINITY)),
+            (freq(2.5), SamplingError::FrequencyPenalty(2.5)),
+            (freq(-2.01), SamplingError::FrequencyPenalty(-2.01)),
+            (pres(3.0), SamplingError::PresencePenalty(3.0)),
+            (pres(f32::NEG_INFINITY), SamplingError::PresencePenalty(f32::NEG_INFINITY)),
         ] {
             assert_eq!(Sampler::new(p, Some(0)).err(), Some(want.clone()), "{p:?}");
             assert_eq!(sample(&LOGITS, &p, &mut ChaCha8Rng::seed_from_u64(0)), Err(want));
         }
-        assert!(matches!(params(1.0, 0, f32::NAN, 0.0).validate(), Err(SamplingError::TopP(_))));
-        let mut s = Sampler::new(params(1.0, 0, 1.0, 0.0), Some(0)).expect("valid");
-        assert_eq!(s.sample(&[]), Err(SamplingError::EmptyLogits));
-        assert_eq!(s.sample(&[0.0, f32::NAN]), Err(SamplingError::NanLogit { index: 1 }));
-        assert_eq!(s.sample(&[f32::NEG_INFINITY; 3]), Err(SamplingError::NoCandidate));
+        for p in [params(1.0, 0, f32::NAN, 0.0), rep(f32::NAN), freq(f32::NAN), pres(f32::NAN)] {
+            assert!(p.validate().is_err(), "{p:?}");
+        }
+        for p in [rep(0.01), freq(-2.0), freq(2.0), pres(-2.0), pres(2.0)] {
+            assert_eq!(p.validate(), Ok(()), "{p:?}");
+        }
+        for p in [params(1.0, 0, 1.0, 0.0), penalties(1.2, 0.5, 0.5)] {
+            let mut s = Sampler::new(p, Some(0)).expect("valid").with_logprobs(Some(2)).expect("n");
+            let h = history(&[0], &[1]);
+            assert_eq!(s.sample(&[], h), Err(SamplingError::EmptyLogits));
+            assert_eq!(s.sample(&[0.0, f32::NAN], h), Err(SamplingError::NanLogit { index: 1 }));
+            assert_eq!(s.sample(&[f32::NEG_INFINITY; 3], h), Err(SamplingError::NoCandidate));
+        }
         assert_eq!(greedy(&[f32::NEG_INFINITY; 3]), Err(SamplingError::NoCandidate));
     }
 }

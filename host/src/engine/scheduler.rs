@@ -12,7 +12,9 @@
 //!   step (each with its input, moved out) and one batched decode of every
 //!   slot that has a token to feed;
 //! - [`Scheduler::complete`] takes that step's logits, samples each slot's
-//!   next token and returns [`Action`]s: tokens, finished requests and the
+//!   next token with its request's sampler (penalties over the request's own
+//!   logical prompt and generated tokens) and returns [`Action`]s: tokens
+//!   (with log-probabilities when asked for), finished requests and the
 //!   slots to release;
 //! - [`Scheduler::cancel`] may come at any time, including between `plan` and
 //!   `complete`.
@@ -22,7 +24,7 @@
 
 use std::{collections::VecDeque, fmt, time::Duration};
 
-use crate::sampling::Sampler;
+use crate::sampling::{History, Sampler, TokenLogprobs};
 
 /// A request's identity, assigned by [`Scheduler::submit`] in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -149,13 +151,14 @@ pub struct Usage {
 }
 
 /// What the caller does after `complete` or `cancel`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Free the decoder's slot (`Decoder::release`). Emitted exactly once per
     /// prefill admitted into that slot.
     Release { slot: usize },
-    /// A new token of a request.
-    Token { id: RequestId, token: u32 },
+    /// A new token of a request, with its log-probabilities when its
+    /// sampler reports them.
+    Token { id: RequestId, token: u32, logprobs: Option<TokenLogprobs> },
     /// The request ended; emitted exactly once per accepted request.
     Finished { id: RequestId, reason: FinishReason, usage: Usage },
 }
@@ -448,8 +451,12 @@ impl<P: Prepared> Scheduler<P> {
             self.finish(slot, FinishReason::Cancelled, actions);
             return;
         }
-        let token = match logits.and_then(|l| active.sampler.sample(&l).map_err(|e| e.to_string())) {
-            Ok(token) => token,
+        // The penalties see the logical prompt, then the tokens generated so far.
+        let (prompt, generated) = active.history.split_at(active.prompt_tokens);
+        let history = History { prompt, generated };
+        let sampled = logits.and_then(|l| active.sampler.sample(&l, history).map_err(|e| e.to_string()));
+        let (token, logprobs) = match sampled {
+            Ok(sampled) => (sampled.token, sampled.logprobs),
             Err(error) => {
                 self.finish(slot, FinishReason::Error(error), actions);
                 return;
@@ -461,7 +468,7 @@ impl<P: Prepared> Scheduler<P> {
         }
         active.history.push(token);
         active.generated += 1;
-        actions.push(Action::Token { id: active.id, token });
+        actions.push(Action::Token { id: active.id, token, logprobs });
         if active.max_tokens.is_some_and(|m| active.generated >= m) {
             self.finish(slot, FinishReason::Length, actions);
         } else if active.cache_len >= self.config.capacity {

@@ -41,6 +41,12 @@ fn one_hot(token: u32) -> Vec<f32> {
     logits
 }
 
+/// Logits falling from 1 (token 0) by 1/16 a token, all positive: a
+/// repetition penalty of 2 sends a seen token below every unseen one.
+fn ramp() -> Vec<f32> {
+    (0..VOCAB).map(|i| (VOCAB - i) as f32 / VOCAB as f32).collect()
+}
+
 fn config(slots: usize, queue_bound: usize, capacity: usize, prefills_per_step: usize) -> SchedulerConfig {
     SchedulerConfig { slots, capacity, queue_bound, prefills_per_step, retry_after: Duration::from_secs(2) }
 }
@@ -49,15 +55,28 @@ fn greedy() -> Sampler {
     Sampler::new(SamplingParams::GREEDY, Some(0)).expect("invariant: greedy parameters are valid")
 }
 
+/// A greedy sampler with a repetition penalty, reporting `logprobs` top
+/// log-probabilities when asked.
+fn penalised(repetition_penalty: f32, logprobs: Option<usize>) -> Sampler {
+    sampler(SamplingParams { repetition_penalty, ..SamplingParams::GREEDY }, logprobs)
+}
+
+fn sampler(params: SamplingParams, logprobs: Option<usize>) -> Sampler {
+    Sampler::new(params, Some(0)).and_then(|s| s.with_logprobs(logprobs)).expect("valid sampling parameters")
+}
+
 /// Runs a script, one command a line, and returns the trace: each command,
 /// then `-> ` and what the scheduler answered.
 ///
 /// - `config slots=N queue=N capacity=N prefills=N` (first, optional)
-/// - `submit tokens=N | embeds=ROWS logical=N [max=N] [stop=T]`
+/// - `submit tokens=N | embeds=ROWS logical=N [max=N] [stop=T] [rep=F]
+///   [freq=F] [logprobs=N]`: a greedy request over prompt tokens `1..=N`,
+///   with a repetition or frequency penalty `F`, reporting `N` top
+///   log-probabilities
 /// - `plan`: the next step; its prefill payloads are dropped as the engine
 ///   drops them once prefilled
-/// - `complete [rI=T | rI=err] [decode=err]`: the step's logits, each slot
-///   picking token T (7 by default), or a failure
+/// - `complete [rI=T | rI=ramp | rI=err] [decode=err]`: the step's logits,
+///   each slot's one-hot on token T (7 by default) or [`ramp`], or a failure
 /// - `step [...]`: `plan` then `complete [...]`
 /// - `cancel rI`, `progress rI`, `drops`
 fn run(script: &str) -> String {
@@ -93,7 +112,14 @@ fn run(script: &str) -> String {
                     input,
                     max_tokens: num("max"),
                     stop_tokens: num("stop").map(|t| vec![t as u32]).unwrap_or_default(),
-                    sampler: greedy(),
+                    sampler: sampler(
+                        SamplingParams {
+                            repetition_penalty: args.get("rep").map_or(1.0, |r| r.parse().unwrap()),
+                            frequency_penalty: args.get("freq").map_or(0.0, |f| f.parse().unwrap()),
+                            ..SamplingParams::GREEDY
+                        },
+                        num("logprobs"),
+                    ),
                 };
                 match sched.submit(request) {
                     Ok(id) => writeln!(out, "-> {id}").unwrap(),
@@ -146,6 +172,7 @@ fn complete(
 ) {
     let logits = |id: RequestId| match args.get(id.to_string().as_str()) {
         Some(&"err") => Err("injected failure".to_owned()),
+        Some(&"ramp") => Ok(ramp()),
         Some(t) => Ok(one_hot(t.parse().unwrap())),
         None => Ok(one_hot(DEFAULT_TOKEN)),
     };
@@ -162,7 +189,11 @@ fn trace(actions: &[Action], out: &mut String) {
     for a in actions {
         match a {
             Action::Release { slot } => writeln!(out, "-> release slot {slot}"),
-            Action::Token { id, token } => writeln!(out, "-> token {id} {token}"),
+            Action::Token { id, token, logprobs: None } => writeln!(out, "-> token {id} {token}"),
+            Action::Token { id, token, logprobs: Some(lp) } => {
+                let top: Vec<String> = lp.top.iter().map(|(t, l)| format!("{t} {l:.4}")).collect();
+                writeln!(out, "-> token {id} {token} (logprob {:.4}, top [{}])", lp.logprob, top.join(", "))
+            }
             Action::Finished { id, reason, usage } => {
                 let reason = match reason {
                     FinishReason::Stop { token } => format!("stop {token}"),
@@ -561,10 +592,171 @@ fn finish_reasons() {
     );
 }
 
+#[test]
+fn repetition_penalty_over_prompt_and_generated_tokens() {
+    // Prompt 1, 2, 3 and every generated token are divided by 2: after 0
+    // (the top of the ramp, unseen) come 4, 5, 6, never a token seen before.
+    check(
+        "
+        config slots=1 queue=1 capacity=32
+        submit tokens=3 max=4 rep=2
+        step r0=ramp
+        step r0=ramp
+        step r0=ramp
+        step r0=ramp
+        submit tokens=3 max=2
+        step r1=ramp
+        step r1=ramp
+        ",
+        "
+        config slots=1 queue=1 capacity=32
+        submit tokens=3 max=4 rep=2
+        -> r0
+        step r0=ramp
+        -> prefill r0 slot 0 (3 rows)
+        -> token r0 0
+        step r0=ramp
+        -> decode [0:0]
+        -> token r0 4
+        step r0=ramp
+        -> decode [0:4]
+        -> token r0 5
+        step r0=ramp
+        -> decode [0:5]
+        -> token r0 6
+        -> release slot 0
+        -> finished r0 length (prompt 3, completion 4, cache 6)
+        submit tokens=3 max=2
+        -> r1
+        step r1=ramp
+        -> prefill r1 slot 0 (3 rows)
+        -> token r1 0
+        step r1=ramp
+        -> decode [0:0]
+        -> token r1 0
+        -> release slot 0
+        -> finished r1 length (prompt 3, completion 2, cache 4)
+        ",
+    );
+}
+
+#[test]
+fn frequency_penalty_counts_generated_tokens_only() {
+    // 0.1 a time token 0 was generated: 0 (1.0), then 1 (0.9375 beats 0.9;
+    // the prompt does not count), 0 (0.9 beats 0.8375 and 0.875), then 2
+    // (0.875 beats 0.8).
+    check(
+        "
+        config slots=1 queue=1 capacity=32
+        submit tokens=3 max=4 freq=0.1
+        step r0=ramp
+        step r0=ramp
+        step r0=ramp
+        step r0=ramp
+        ",
+        "
+        config slots=1 queue=1 capacity=32
+        submit tokens=3 max=4 freq=0.1
+        -> r0
+        step r0=ramp
+        -> prefill r0 slot 0 (3 rows)
+        -> token r0 0
+        step r0=ramp
+        -> decode [0:0]
+        -> token r0 1
+        step r0=ramp
+        -> decode [0:1]
+        -> token r0 0
+        step r0=ramp
+        -> decode [0:0]
+        -> token r0 2
+        -> release slot 0
+        -> finished r0 length (prompt 3, completion 4, cache 6)
+        ",
+    );
+}
+
+/// The `-> token` lines of request `id` in a trace, without the id.
+fn tokens_of(trace: &str, id: &str) -> Vec<String> {
+    let prefix = format!("-> token {id} ");
+    trace.lines().filter_map(|l| l.trim().strip_prefix(prefix.as_str()).map(str::to_owned)).collect()
+}
+
+#[test]
+fn a_penalised_request_samples_the_same_in_a_batch_as_alone() {
+    let steps = "step r0=ramp r1=ramp r2=ramp\n".repeat(10);
+    let alone = run(&format!(
+        "
+        config slots=1 queue=4 capacity=32
+        submit tokens=3 max=6 rep=2 logprobs=3
+        {steps}"
+    ));
+    // Batch mates with other prompts and penalties, the request in slot 1
+    // and admitted a step later.
+    let batched = run(&format!(
+        "
+        config slots=3 queue=4 capacity=32
+        submit tokens=5 max=8 rep=1.5
+        submit tokens=3 max=6 rep=2 logprobs=3
+        submit embeds=6 logical=2 max=5
+        {steps}"
+    ));
+    let want = tokens_of(&alone, "r0");
+    assert_eq!(want.len(), 6, "{alone}");
+    assert!(want.iter().all(|t| t.contains("logprob")), "{alone}");
+    assert_eq!(tokens_of(&batched, "r1"), want, "\nalone:\n{alone}\nbatched:\n{batched}");
+    assert!(batched.contains("-> prefill r1 slot 1"), "{batched}");
+    // The batch mates follow their own histories.
+    assert_ne!(tokens_of(&batched, "r0"), tokens_of(&batched, "r1"));
+    assert_eq!(tokens_of(&batched, "r2"), vec!["0"; 5]);
+}
+
+#[test]
+fn token_actions_carry_logprobs_when_asked() {
+    // One-hot on 7 over 16 tokens: ln softmax is 1 - ln(e + 15) = -1.8746 for
+    // token 7 and -2.8746 for the others, listed from the lowest id.
+    check(
+        "
+        config slots=2 queue=4 capacity=32 prefills=2
+        submit tokens=3 max=2 logprobs=2
+        submit tokens=3 max=1
+        submit tokens=3 max=1 logprobs=0
+        step
+        step
+        ",
+        "
+        config slots=2 queue=4 capacity=32 prefills=2
+        submit tokens=3 max=2 logprobs=2
+        -> r0
+        submit tokens=3 max=1
+        -> r1
+        submit tokens=3 max=1 logprobs=0
+        -> r2
+        step
+        -> prefill r0 slot 0 (3 rows)
+        -> prefill r1 slot 1 (3 rows)
+        -> token r0 7 (logprob -1.8746, top [7 -1.8746, 0 -2.8746])
+        -> token r1 7
+        -> release slot 1
+        -> finished r1 length (prompt 3, completion 1, cache 3)
+        step
+        -> prefill r2 slot 1 (3 rows)
+        -> decode [0:7]
+        -> token r2 7 (logprob -1.8746, top [])
+        -> release slot 1
+        -> finished r2 length (prompt 3, completion 1, cache 3)
+        -> token r0 7 (logprob -1.8746, top [7 -1.8746, 0 -2.8746])
+        -> release slot 0
+        -> finished r0 length (prompt 3, completion 2, cache 4)
+        ",
+    );
+}
+
 /// A seeded random walk of submissions, cancellations (also while a step is
 /// in flight), steps and failures, checked after every event: no slot is
 /// owned twice, the queue stays within its bound, no request finishes twice
-/// or gets a token after finishing; and at the end every accepted request
+/// or gets a token after finishing, tokens carry the log-probabilities
+/// their request asked for; and at the end every accepted request
 /// finished exactly once, every slot was released and every payload dropped.
 #[test]
 fn random_walks_keep_the_invariants() {
@@ -580,7 +772,13 @@ fn random_walk(seed: u64) {
     let prefills = 1 + below(2) as usize;
     let mut sched = Scheduler::<Payload>::new(config(slots, queue_bound, capacity, prefills));
     let drops = Rc::new(Cell::new(0));
-    let mut model = Model { owner: vec![None; slots], finished: HashMap::new(), accepted: Vec::new(), payloads: 0 };
+    let mut model = Model {
+        owner: vec![None; slots],
+        finished: HashMap::new(),
+        accepted: Vec::new(),
+        payloads: 0,
+        logprobs: HashMap::new(),
+    };
     let mut next_id = 0;
     for _ in 0..400 {
         match below(10) {
@@ -595,18 +793,16 @@ fn random_walk(seed: u64) {
                 let max_tokens = if below(4) == 0 { None } else { Some(1 + below(16) as usize) };
                 let logical = 1 + below(rows as u64) as usize;
                 let depth = sched.queue_len();
-                let request = Request {
-                    prompt_tokens: vec![1; logical],
-                    input,
-                    max_tokens,
-                    stop_tokens: vec![3],
-                    sampler: greedy(),
-                };
+                let logprobs = if below(3) == 0 { Some(below(4) as usize) } else { None };
+                let sampler = if logprobs.is_some() || below(3) == 0 { penalised(1.5, logprobs) } else { greedy() };
+                let request =
+                    Request { prompt_tokens: vec![1; logical], input, max_tokens, stop_tokens: vec![3], sampler };
                 match sched.submit(request) {
                     Ok(id) => {
                         assert_eq!(id, RequestId(next_id), "seed {seed}: ids are assigned in order");
                         next_id += 1;
                         model.accepted.push(id);
+                        model.logprobs.insert(id, logprobs);
                     }
                     Err(SubmitError::QueueFull { .. }) => assert_eq!(depth, queue_bound, "seed {seed}"),
                     Err(_) => assert!(max_tokens.map_or(rows, |m| rows + m) > capacity, "seed {seed}"),
@@ -663,6 +859,8 @@ struct Model {
     finished: HashMap<RequestId, usize>,
     accepted: Vec<RequestId>,
     payloads: usize,
+    /// The top log-probabilities each accepted request asked for.
+    logprobs: HashMap<RequestId, Option<usize>>,
 }
 
 impl Model {
@@ -683,8 +881,10 @@ impl Model {
                 Action::Release { slot } => {
                     assert!(self.owner[*slot].take().is_some(), "seed {seed}: slot {slot} released while free");
                 }
-                Action::Token { id, .. } => {
-                    assert!(!self.finished.contains_key(id), "seed {seed}: token for finished {id}")
+                Action::Token { id, logprobs, .. } => {
+                    assert!(!self.finished.contains_key(id), "seed {seed}: token for finished {id}");
+                    let top = logprobs.as_ref().map(|l| l.top.len());
+                    assert_eq!(top, self.logprobs[id], "seed {seed}: {id}'s logprobs");
                 }
                 Action::Finished { id, .. } => *self.finished.entry(*id).or_default() += 1,
             }
