@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing (tools/dev/setup.sh), builds the
 # host and the in-tree plugins (tools/build-plugins.sh, into target/plugins)
-# and runs the host. With no arguments it compiles and runs the bundled
-# StableHLO program and checks the result; any arguments go to mlxcel-host.
+# and runs the host. With no arguments it serves the bundled tiny Qwen2-VL
+# checkpoint (tests/fixtures/qwen2_vl) over the OpenAI API on port 8000 and
+# prints a request to paste; any arguments go to mlxcel-host instead.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=tools/dev/setup.sh
@@ -13,5 +14,9 @@ cargo build --release --locked -q -p mlxcel-host
 # when nothing changed); the host reads that directory unless told otherwise.
 plugins="$("$root/tools/build-plugins.sh" 2>/dev/null)"
 export MLXCEL_PLUGINS="${MLXCEL_PLUGINS:-$plugins}"
-if [ $# -eq 0 ]; then set -- demo; fi
+if [ $# -eq 0 ]; then
+  # The fixture's image capabilities are experimental (not yet qualified), so
+  # they are served only on request, as here.
+  set -- serve --model "$root/tests/fixtures/qwen2_vl" --context 512 --chunk 32 --allow-unqualified
+fi
 exec "$root/target/release/mlxcel-host" "$@"

@@ -10,7 +10,7 @@ use mlxcel_shim::{
 };
 
 /// Where and for what code runs.
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub(crate) struct DeviceArgs {
     /// HAL driver: local-sync (inline, lowest overhead) or local-task (threaded).
     #[arg(long, default_value = "local-sync")]

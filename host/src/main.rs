@@ -7,6 +7,7 @@ mod exec;
 mod generate;
 mod multimodal;
 mod plugins;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -44,6 +45,9 @@ enum Command {
     },
     /// Generate text from a prompt with a checkpoint's chat template and decoder.
     Generate(Box<generate::GenerateArgs>),
+    /// Serve a checkpoint over an OpenAI-compatible HTTP API (chat completions, streaming,
+    /// images through the family plugin).
+    Serve(Box<serve::ServeArgs>),
     /// Family plugins: list a plugin directory, inspect a manifest, verify a plugin against a
     /// fixture's goldens.
     Plugins {
@@ -73,6 +77,7 @@ fn run(cli: Cli) -> Result<()> {
             exec::run_file(&mlir, function.as_deref(), &inputs, params.as_deref(), &device)
         }
         Command::Generate(args) => generate::generate(&args),
+        Command::Serve(args) => serve::serve(*args),
         Command::Plugins { command } => plugins::run(&command),
     }
 }

@@ -22,6 +22,85 @@ use crate::exec::{DeviceArgs, compile};
 /// The PNG signature.
 const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 
+/// A checkpoint's family plugin and the configuration it parsed: chosen once per model.
+pub(crate) struct MediaModel<'a> {
+    plugin: &'a LoadedPlugin,
+    config: ModelConfig,
+}
+
+impl<'a> MediaModel<'a> {
+    /// Chooses the plugin that accepts the checkpoint in `model` and has it parse the
+    /// checkpoint's configuration.
+    pub(crate) fn open(plugins: &'a PluginSet, plugin_dir: &Path, model: &Path) -> Result<Self> {
+        let config_json = read_text(&model.join("config.json"))?;
+        let plugin = plugins.for_config(&config_json).map_err(|e| {
+            anyhow!(
+                "{} takes no images: no plugin in {} accepts it ({e}); images need a vision-language checkpoint and its family plugin",
+                model.display(),
+                plugin_dir.display()
+            )
+        })?;
+        let config = plugin
+            .parse_config(&config_json, &processor_json(model)?)
+            .with_context(|| format!("the {} plugin cannot read {}", plugin.name(), model.display()))?;
+        Ok(Self { plugin, config })
+    }
+
+    pub(crate) fn plugin(&self) -> &'a LoadedPlugin {
+        self.plugin
+    }
+
+    /// Checks that a request with `images` images may be served under `policy`: the capability
+    /// gate (`image`, and `multi_image` for more than one) and the manifest's count limit.
+    pub(crate) fn admit(&self, images: usize, policy: QualificationPolicy) -> Result<(), MediaRefusal> {
+        let mut capabilities = vec![Capability::Image];
+        if images > 1 {
+            capabilities.push(Capability::MultiImage);
+        }
+        for capability in capabilities {
+            self.plugin.check_capability(capability, policy).map_err(MediaRefusal::Capability)?;
+        }
+        if let Some(limit) = self.plugin.manifest().limits.max_images_per_request
+            && images as u64 > u64::from(limit)
+        {
+            return Err(MediaRefusal::TooMany { images, limit, plugin: self.plugin.name().to_owned() });
+        }
+        Ok(())
+    }
+
+    /// Preprocesses every image (encoded bytes, in prompt order), refusing any whose declared
+    /// size exceeds `max_input_pixels` before decoding it.
+    pub(crate) fn request(&self, images: &[Vec<u8>], max_input_pixels: u64) -> Result<MediaRequest<'a>> {
+        let mut items = Vec::new();
+        for (index, bytes) in images.iter().enumerate() {
+            items.push(self.item(bytes, max_input_pixels).with_context(|| format!("image {}", index + 1))?);
+        }
+        Ok(self.assemble(items))
+    }
+
+    fn item(&self, bytes: &[u8], max_input_pixels: u64) -> Result<Preprocessed> {
+        preprocess_limited(self.plugin, &self.config, Modality::Image, bytes, max_input_pixels)
+    }
+
+    fn assemble(&self, items: Vec<Preprocessed>) -> MediaRequest<'a> {
+        let metas = items.iter().map(|p| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
+        MediaRequest { plugin: self.plugin, config: self.config.clone(), items, metas }
+    }
+}
+
+/// Why a media request is refused before any work: the caller's fault, not the server's.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MediaRefusal {
+    #[error(transparent)]
+    Capability(PluginApiError),
+    #[error("{images} images in one request; the {plugin} plugin takes at most {limit}")]
+    TooMany { images: usize, limit: u32, plugin: String },
+}
+
+/// The pixels an input image may declare before it is decoded (PIL's default
+/// `Image.MAX_IMAGE_PIXELS`): larger ones are refused as decompression bombs.
+pub(crate) const MAX_INPUT_PIXELS: u64 = 89_478_485;
+
 /// A request's images, preprocessed by the family plugin of the checkpoint.
 pub(crate) struct MediaRequest<'a> {
     plugin: &'a LoadedPlugin,
@@ -31,8 +110,8 @@ pub(crate) struct MediaRequest<'a> {
 }
 
 impl<'a> MediaRequest<'a> {
-    /// Chooses the plugin that accepts the checkpoint in `model`, checks that it may serve the
-    /// request under `policy`, and preprocesses every image.
+    /// `generate --image`: opens the checkpoint's plugin, checks the request under `policy` and
+    /// preprocesses every image file.
     pub(crate) fn open(
         plugins: &'a PluginSet,
         plugin_dir: &Path,
@@ -40,38 +119,18 @@ impl<'a> MediaRequest<'a> {
         images: &[PathBuf],
         policy: QualificationPolicy,
     ) -> Result<Self> {
-        let config_json = read_text(&model.join("config.json"))?;
-        let plugin = plugins.for_config(&config_json).map_err(|e| {
-            anyhow!(
-                "{} takes no images: no plugin in {} accepts it ({e}); --image needs a vision-language checkpoint and its family plugin",
-                model.display(),
-                plugin_dir.display()
-            )
-        })?;
-        let mut capabilities = vec![Capability::Image];
-        if images.len() > 1 {
-            capabilities.push(Capability::MultiImage);
-        }
-        for capability in capabilities {
-            plugin.check_capability(capability, policy)?;
-        }
-        if let Some(limit) = plugin.manifest().limits.max_images_per_request
-            && images.len() as u64 > u64::from(limit)
-        {
-            bail!("{} images in one request; the {} plugin takes at most {limit}", images.len(), plugin.name());
-        }
-        let config = plugin
-            .parse_config(&config_json, &processor_json(model)?)
-            .with_context(|| format!("the {} plugin cannot read {}", plugin.name(), model.display()))?;
+        let media = MediaModel::open(plugins, plugin_dir, model)?;
+        media.admit(images.len(), policy)?;
         let mut items = Vec::new();
         for path in images {
             let bytes = std::fs::read(path).with_context(|| format!("cannot read the image {}", path.display()))?;
-            let item = preprocess(plugin, &config, Modality::Image, &bytes)
-                .with_context(|| format!("cannot use {} as an image", path.display()))?;
-            items.push(item);
+            items.push(
+                media
+                    .item(&bytes, MAX_INPUT_PIXELS)
+                    .with_context(|| format!("cannot use {} as an image", path.display()))?,
+            );
         }
-        let metas = items.iter().map(|p| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
-        Ok(Self { plugin, config, items, metas })
+        Ok(media.assemble(items))
     }
 
     /// Expands the rendered prompt's placeholders with the plugin's layout and tokenizes the
@@ -157,12 +216,23 @@ pub(crate) fn preprocess(
     modality: Modality,
     bytes: &[u8],
 ) -> Result<Preprocessed> {
+    preprocess_limited(plugin, config, modality, bytes, MAX_INPUT_PIXELS)
+}
+
+/// [`preprocess`] refusing a PNG that declares more than `max_input_pixels` before decoding it.
+pub(crate) fn preprocess_limited(
+    plugin: &LoadedPlugin,
+    config: &ModelConfig,
+    modality: Modality,
+    bytes: &[u8],
+    max_input_pixels: u64,
+) -> Result<Preprocessed> {
     let limits = &plugin.manifest().limits;
     let options = PreprocessOptions { max_pixels: limits.max_pixels_per_image.into(), ..Default::default() };
     let encoded = match modality {
         Modality::Image => {
             if bytes.starts_with(PNG_MAGIC) {
-                let rgb = decode_png(bytes)?;
+                let rgb = decode_png(bytes, max_input_pixels)?;
                 match plugin.preprocess(config, &rgb, &options) {
                     Err(PluginApiError::Plugin { error, .. }) if error.code == ErrorCode::Unsupported => {}
                     other => return Ok(other?),
@@ -181,8 +251,8 @@ pub(crate) fn preprocess(
 
 /// Decodes a PNG to 8-bit RGB as the family plugins do (`mlxcel_family_common::Image`), alpha
 /// dropped as PIL's `convert("RGB")` does.
-pub(crate) fn decode_png(bytes: &[u8]) -> Result<MediaItem> {
-    let image = Image::decode(bytes)?;
+pub(crate) fn decode_png(bytes: &[u8], max_pixels: u64) -> Result<MediaItem> {
+    let image = Image::decode_limited(bytes, max_pixels)?;
     Ok(MediaItem::Rgb8 { width: image.width(), height: image.height(), pixels: image.pixels().to_vec().into() })
 }
 

@@ -19,7 +19,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 venv="${MLXCEL_VENV:-$root/.venv}"
 # Bump when the pinned Python requirements change; the venv is rebuilt.
-requirements="cmake>=3.26,<5 iree-base-compiler==3.13.0"
+requirements="cmake>=3.26,<5 iree-base-compiler==3.13.0 openai==3.57.0"
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

@@ -50,6 +50,11 @@ pub(crate) struct PluginDir {
 }
 
 impl PluginDir {
+    /// The directory, when one was given.
+    pub(crate) fn dir(&self) -> Option<&std::path::Path> {
+        self.plugins.as_deref()
+    }
+
     pub(crate) fn scan(&self) -> Result<(PathBuf, PluginSet)> {
         let Some(dir) = &self.plugins else {
             bail!("no plugin directory: pass --plugins <dir> or set {PLUGINS_ENV}");

@@ -97,5 +97,5 @@ fn a_text_only_checkpoint_refuses_images() {
     let image = fixture("qwen2_vl").join("inputs/wide.png");
     let stderr = refused(&generate(&qwen2, &[image], "Describe.", &["--allow-unqualified"]));
     assert!(stderr.contains("takes no images"), "{stderr}");
-    assert!(stderr.contains("--image needs a vision-language checkpoint"), "{stderr}");
+    assert!(stderr.contains("images need a vision-language checkpoint and its family plugin"), "{stderr}");
 }

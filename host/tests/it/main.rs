@@ -5,3 +5,4 @@ mod generate;
 mod generate_image;
 mod plugins;
 mod qwen2_vl;
+mod server;

@@ -1,0 +1,263 @@
+//! The OpenAI chat-completions wire format: what a request may say (anything else is refused,
+//! never ignored), the response and stream-chunk bodies, and OpenAI-style errors.
+
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/chat/completions`. Unknown fields are refused: a field the server does not act on
+/// must not be silently dropped.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChatRequest {
+    pub(crate) model: String,
+    pub(crate) messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub(crate) stream: bool,
+    pub(crate) stream_options: Option<StreamOptions>,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) max_completion_tokens: Option<u64>,
+    pub(crate) temperature: Option<f32>,
+    pub(crate) top_p: Option<f32>,
+    /// Extension (vLLM's name): keep only the k most likely tokens.
+    pub(crate) top_k: Option<i64>,
+    /// Extension: drop tokens less likely than this fraction of the most likely one.
+    pub(crate) min_p: Option<f32>,
+    /// Extension: transformers' repetition penalty over prompt and generated tokens.
+    pub(crate) repetition_penalty: Option<f32>,
+    pub(crate) frequency_penalty: Option<f32>,
+    pub(crate) presence_penalty: Option<f32>,
+    pub(crate) seed: Option<i64>,
+    pub(crate) stop: Option<StopField>,
+    /// Extension: token ids that also end the request.
+    #[serde(default)]
+    pub(crate) stop_token_ids: Vec<u32>,
+    /// Extension: keep generating past the checkpoint's end-of-sequence tokens.
+    #[serde(default)]
+    pub(crate) ignore_eos: bool,
+    #[serde(default)]
+    pub(crate) logprobs: bool,
+    pub(crate) top_logprobs: Option<u32>,
+    pub(crate) n: Option<u32>,
+    /// Accepted for compatibility; identifies the caller only.
+    #[allow(dead_code)]
+    pub(crate) user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamOptions {
+    #[serde(default)]
+    pub(crate) include_usage: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub(crate) fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChatMessage {
+    pub(crate) role: String,
+    pub(crate) content: Option<MessageContent>,
+    /// Accepted for compatibility (a participant's name); templates do not use it.
+    #[allow(dead_code)]
+    pub(crate) name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum ContentPart {
+    Text { text: String },
+    ImageUrl { image_url: ImageUrl },
+    InputAudio { input_audio: InputAudio },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ImageUrl {
+    pub(crate) url: String,
+    /// OpenAI's resolution hint; only `auto` (the family's own resolution) is served.
+    pub(crate) detail: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InputAudio {
+    #[allow(dead_code)]
+    pub(crate) data: String,
+    pub(crate) format: String,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatCompletion {
+    pub(crate) id: String,
+    pub(crate) object: &'static str,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) choices: Vec<Choice>,
+    pub(crate) usage: UsageBody,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Choice {
+    pub(crate) index: u32,
+    pub(crate) message: AssistantMessage,
+    pub(crate) finish_reason: &'static str,
+    pub(crate) logprobs: Option<LogprobsBody>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct AssistantMessage {
+    pub(crate) role: &'static str,
+    pub(crate) content: String,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct UsageBody {
+    pub(crate) prompt_tokens: usize,
+    pub(crate) completion_tokens: usize,
+    pub(crate) total_tokens: usize,
+}
+
+impl UsageBody {
+    pub(crate) fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        UsageBody { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct LogprobsBody {
+    pub(crate) content: Vec<TokenLogprobBody>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct TokenLogprobBody {
+    pub(crate) token: String,
+    pub(crate) logprob: f32,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) top_logprobs: Vec<TopLogprobBody>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct TopLogprobBody {
+    pub(crate) token: String,
+    pub(crate) logprob: f32,
+    pub(crate) bytes: Vec<u8>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatChunk {
+    pub(crate) id: String,
+    pub(crate) object: &'static str,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usage: Option<UsageBody>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ChunkChoice {
+    pub(crate) index: u32,
+    pub(crate) delta: Delta,
+    pub(crate) finish_reason: Option<&'static str>,
+    pub(crate) logprobs: Option<LogprobsBody>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) content: Option<String>,
+}
+
+/// An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}` with its status.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) kind: &'static str,
+    pub(crate) code: &'static str,
+    pub(crate) param: Option<&'static str>,
+    pub(crate) message: String,
+    /// Seconds for a `Retry-After` header (429 and 503).
+    pub(crate) retry_after: Option<u64>,
+}
+
+impl ApiError {
+    /// A 400 `invalid_request_error`.
+    pub(crate) fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code,
+            param: None,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub(crate) fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    pub(crate) fn status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// A 500: the server failed, not the request.
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            code: "internal_error",
+            param: None,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub(crate) fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after
+            && let Ok(value) = axum::http::HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
+        }
+        response
+    }
+}

@@ -1,0 +1,300 @@
+//! The engine thread: the one thread that owns the decoder bundle and the encoders (IREE's
+//! types are not `Send`), drives the scheduler and streams each request's events back to the
+//! HTTP task that submitted it.
+//!
+//! A request's events channel is also its cancellation: when the HTTP side drops the receiver
+//! (the client disconnected, or a stop string matched), the engine cancels the request at its
+//! next step, which releases its slot and its buffers once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use mlxcel_host::decoder::Decoder;
+use mlxcel_host::engine::{
+    Action, FinishReason, PendingInput, PreparedPrompt, Request, RequestId, Scheduler, SchedulerConfig, StepResult,
+    SubmitError, Usage,
+};
+use mlxcel_host::sampling::{Sampler, TokenLogprobs};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::metrics::Metrics;
+use crate::multimodal::{Encoders, MediaRequest};
+
+/// One request for the engine, prepared off the engine thread (template, tokens, decoded and
+/// preprocessed media).
+pub(crate) struct Job {
+    /// The expanded prompt ids (one per cache row).
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) media: Option<MediaRequest<'static>>,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) stop_tokens: Vec<u32>,
+    pub(crate) sampler: Sampler,
+    pub(crate) events: UnboundedSender<Event>,
+}
+
+/// What the engine tells a request's HTTP task.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Accepted into the queue.
+    Queued,
+    Token {
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
+    /// Not accepted; nothing of it is kept.
+    Refused(Refusal),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refusal {
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    #[error("the server is shutting down")]
+    Draining,
+    /// Encoding the request's media failed.
+    #[error("{0}")]
+    Media(String),
+}
+
+enum Command {
+    Submit(Box<Job>),
+    /// Take no new requests; cancel what still runs at the deadline, then stop.
+    Drain {
+        deadline: Instant,
+    },
+}
+
+/// The HTTP side's handle on the engine thread.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineHandle {
+    commands: Sender<Command>,
+}
+
+impl EngineHandle {
+    /// Hands a job to the engine; `false` when the engine thread is gone.
+    pub(crate) fn submit(&self, job: Job) -> bool {
+        self.commands.send(Command::Submit(Box::new(job))).is_ok()
+    }
+
+    pub(crate) fn drain(&self, deadline: Instant) {
+        let _ = self.commands.send(Command::Drain { deadline });
+    }
+}
+
+/// What the engine thread builds its decoder and encoders from (on the thread itself).
+pub(crate) type Loader = Box<dyn FnOnce() -> Result<(Decoder, Option<Encoders<'static>>)> + Send>;
+
+/// Starts the engine thread; returns once the decoder is loaded (or failed to load).
+pub(crate) fn start(
+    load: Loader,
+    config: SchedulerConfig,
+    metrics: Arc<Metrics>,
+) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (commands, inbox) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("mlxcel-engine".to_owned())
+        .spawn(move || {
+            let (decoder, encoders) = match load() {
+                Ok(loaded) => {
+                    let _ = ready_tx.send(Ok(()));
+                    loaded
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            Engine { decoder, encoders, scheduler: Scheduler::new(config), clients: HashMap::new(), metrics, inbox }
+                .run();
+        })
+        .context("starting the engine thread")?;
+    ready_rx.recv().context("the engine thread ended while loading")??;
+    Ok((EngineHandle { commands }, thread))
+}
+
+struct Engine {
+    decoder: Decoder,
+    encoders: Option<Encoders<'static>>,
+    scheduler: Scheduler<PreparedPrompt>,
+    clients: HashMap<RequestId, UnboundedSender<Event>>,
+    metrics: Arc<Metrics>,
+    inbox: Receiver<Command>,
+}
+
+impl Engine {
+    fn run(mut self) {
+        let mut deadline: Option<Instant> = None;
+        loop {
+            // Wait for work when there is none; otherwise take what arrived and step.
+            let idle = self.scheduler.is_idle();
+            if idle && deadline.is_some() {
+                break;
+            }
+            let first = if idle {
+                match self.inbox.recv() {
+                    Ok(command) => Some(command),
+                    Err(_) => break,
+                }
+            } else {
+                None
+            };
+            let mut inbox_open = true;
+            let mut next = first;
+            loop {
+                let command = match next.take() {
+                    Some(c) => c,
+                    None => match self.inbox.try_recv() {
+                        Ok(c) => c,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            inbox_open = false;
+                            break;
+                        }
+                    },
+                };
+                match command {
+                    Command::Submit(job) if deadline.is_some() => {
+                        let _ = job.events.send(Event::Refused(Refusal::Draining));
+                    }
+                    Command::Submit(job) => self.submit(*job),
+                    Command::Drain { deadline: at } => deadline = Some(at),
+                }
+            }
+            if !inbox_open && self.scheduler.is_idle() {
+                break;
+            }
+            self.cancel_abandoned();
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let ids: Vec<RequestId> = self.clients.keys().copied().collect();
+                for id in ids {
+                    let actions = self.scheduler.cancel(id);
+                    self.apply(actions);
+                }
+            }
+            self.step();
+            self.metrics.queue_depth.store(self.scheduler.queue_len() as u64, Ordering::Relaxed);
+            self.metrics.active_slots.store(self.scheduler.active_slots() as u64, Ordering::Relaxed);
+        }
+        // Requests submitted while the thread stops are refused, never left waiting.
+        for command in self.inbox.try_iter() {
+            if let Command::Submit(job) = command {
+                let _ = job.events.send(Event::Refused(Refusal::Draining));
+            }
+        }
+    }
+
+    fn submit(&mut self, job: Job) {
+        let Job { prompt, media, max_tokens, stop_tokens, sampler, events } = job;
+        let input = match media {
+            None => PendingInput::Tokens(prompt.clone()),
+            Some(media) => {
+                // Encoding is expensive: refuse a full queue before doing it.
+                let config = self.scheduler.config();
+                if self.scheduler.queue_len() >= config.queue_bound {
+                    let refusal =
+                        SubmitError::QueueFull { depth: self.scheduler.queue_len(), retry_after: config.retry_after };
+                    let _ = events.send(Event::Refused(refusal.into()));
+                    return;
+                }
+                let Some(encoders) = self.encoders.as_mut() else {
+                    let _ = events.send(Event::Refused(Refusal::Media("this server runs no encoders".to_owned())));
+                    return;
+                };
+                match media.prefill_input(&mut self.decoder, &prompt, encoders) {
+                    Ok((embeddings, positions, extras)) => {
+                        PendingInput::Embeddings(PreparedPrompt { embeddings, positions, extras })
+                    }
+                    Err(e) => {
+                        let _ = events.send(Event::Refused(Refusal::Media(format!("{e:#}"))));
+                        return;
+                    }
+                }
+            }
+        };
+        let request = Request { prompt_tokens: prompt, input, max_tokens, stop_tokens, sampler };
+        match self.scheduler.submit(request) {
+            Ok(id) => {
+                let _ = events.send(Event::Queued);
+                self.clients.insert(id, events);
+            }
+            Err(e) => {
+                let _ = events.send(Event::Refused(e.into()));
+            }
+        }
+    }
+
+    /// Cancels every request whose HTTP side has gone.
+    fn cancel_abandoned(&mut self) {
+        let gone: Vec<RequestId> =
+            self.clients.iter().filter(|(_, events)| events.is_closed()).map(|(&id, _)| id).collect();
+        for id in gone {
+            let actions = self.scheduler.cancel(id);
+            self.apply(actions);
+        }
+    }
+
+    /// Plans one step, runs its prefills and its batched decode, and applies what follows.
+    fn step(&mut self) {
+        let step = match self.scheduler.plan() {
+            Ok(Some(step)) => step,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!("scheduler: {e}");
+                return;
+            }
+        };
+        let vocab = self.decoder.config().vocab;
+        let mut prefill = Vec::with_capacity(step.prefill.len());
+        for work in step.prefill {
+            let logits = match work.input {
+                PendingInput::Tokens(tokens) => self.decoder.prefill_tokens(work.slot, &tokens),
+                PendingInput::Embeddings(p) => {
+                    self.decoder.prefill_embeddings(work.slot, &p.embeddings, &p.positions, &p.extras)
+                }
+            };
+            prefill.push(
+                logits.map(|l| l[l.len().saturating_sub(vocab)..].to_vec()).map_err(|e| format!("prefill failed: {e}")),
+            );
+        }
+        let decode = if step.decode.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.decoder.decode(&step.decode).map_err(|e| format!("decode failed: {e}"))
+        };
+        match self.scheduler.complete(StepResult { prefill, decode }) {
+            Ok(actions) => self.apply(actions),
+            Err(e) => tracing::error!("scheduler: {e}"),
+        }
+    }
+
+    fn apply(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Release { slot } => {
+                    if let Err(e) = self.decoder.release(slot) {
+                        tracing::error!("releasing slot {slot}: {e}");
+                    }
+                }
+                Action::Token { id, token, logprobs } => {
+                    if let Some(events) = self.clients.get(&id) {
+                        let _ = events.send(Event::Token { token, logprobs });
+                    }
+                }
+                Action::Finished { id, reason, usage } => {
+                    if let Some(events) = self.clients.remove(&id) {
+                        let _ = events.send(Event::Finished { reason, usage });
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,752 @@
+//! The HTTP routes: `POST /v1/chat/completions` (whole or streamed as server-sent events),
+//! `GET /v1/models`, `/health` and `/metrics`.
+//!
+//! A request is checked and prepared (template, tokens, images decoded and preprocessed) on the
+//! blocking pool, bounded by a semaphore, then handed to the engine thread; its events come
+//! back on a channel whose receiver the request owns. Dropping that receiver (client gone, stop
+//! string matched) cancels the request in the engine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use mlxcel_host::engine::{FinishReason, SubmitError};
+use mlxcel_host::sampling::{Sampler, SamplingParams, TokenLogprobs};
+use mlxcel_host::text::{ChatTemplate, Content, Detokenizer, Message, Part, StopStrings, Tokenizer};
+use mlxcel_plugin_api::{Capability, Error as PluginApiError, QualificationPolicy, Status};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::api::{
+    ApiError, AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Choice, ChunkChoice, ContentPart, Delta,
+    LogprobsBody, MessageContent, TokenLogprobBody, TopLogprobBody, UsageBody,
+};
+use super::engine::{EngineHandle, Event, Job, Refusal};
+use super::metrics::Metrics;
+use crate::multimodal::{MediaModel, MediaRefusal, MediaRequest};
+
+/// Stop strings a request may give.
+const MAX_STOP_STRINGS: usize = 16;
+/// `top_logprobs` at most, as OpenAI allows.
+const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// The checkpoint's text side.
+#[derive(Debug)]
+pub(crate) struct TextSide {
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) template: ChatTemplate,
+    /// The checkpoint's end-of-sequence ids.
+    pub(crate) stop_tokens: Vec<u32>,
+}
+
+/// What every route shares.
+pub(crate) struct AppState {
+    pub(crate) model_id: String,
+    pub(crate) engine: EngineHandle,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) text: Arc<TextSide>,
+    pub(crate) media: Option<&'static MediaModel<'static>>,
+    pub(crate) policy: QualificationPolicy,
+    pub(crate) max_input_pixels: u64,
+    /// Bounds the requests being prepared at once (the preprocessing pool's width).
+    pub(crate) preparing: Arc<Semaphore>,
+    pub(crate) draining: Arc<AtomicBool>,
+    pub(crate) started: u64,
+}
+
+pub(crate) fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::invalid(
+        "not_found",
+        "no such route; this server serves /v1/chat/completions, /v1/models, /health and /metrics",
+    )
+    .status(StatusCode::NOT_FOUND)
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "draining"}))).into_response()
+    } else {
+        Json(serde_json::json!({"status": "ok"})).into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert("text".into(), "qualified".into());
+    let mut family = serde_json::Value::Null;
+    if let Some(media) = state.media {
+        let plugin = media.plugin();
+        family = plugin.name().into();
+        for capability in Capability::ALL {
+            let status = match plugin.manifest().capability(capability).map(|c| c.status) {
+                Some(Status::Qualified) => "qualified",
+                Some(Status::Experimental) => "experimental",
+                Some(Status::Unsupported) | None => "unsupported",
+            };
+            let served = plugin.check_capability(capability, state.policy).is_ok();
+            capabilities.insert(capability.as_str().into(), serde_json::json!({"status": status, "served": served}));
+        }
+    }
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_id,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "mlxcel-host",
+            "family": family,
+            "capabilities": capabilities,
+        }]
+    }))
+}
+
+async fn chat(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
+    match start(&state, body, arrived).await {
+        Ok(response) => response,
+        Err(e) => {
+            state.metrics.count("refused");
+            e.into_response()
+        }
+    }
+}
+
+/// Everything a request decided before the engine took it.
+struct Accepted {
+    id: String,
+    prompt: Vec<u32>,
+    stream: bool,
+    include_usage: bool,
+    logprobs: bool,
+    stops: Vec<String>,
+    events: mpsc::UnboundedReceiver<Event>,
+}
+
+async fn start(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    if state.draining.load(Ordering::Relaxed) {
+        return Err(draining());
+    }
+    let body = body.map_err(|e| {
+        let status = e.status();
+        ApiError::invalid(
+            if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "invalid_body" },
+            e.body_text(),
+        )
+        .status(status)
+    })?;
+    let request: ChatRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid("invalid_json", format!("the request body is not a valid chat request: {e}")))?;
+    if request.model != state.model_id {
+        return Err(ApiError::invalid(
+            "model_not_found",
+            format!("the model `{}` does not exist; this server serves `{}`", request.model, state.model_id),
+        )
+        .param("model")
+        .status(StatusCode::NOT_FOUND));
+    }
+    let options = Options::from_request(&request, &state.text)?;
+    let (messages, images) = messages(request.messages, state)?;
+
+    // Template, tokens and media preprocessing on the blocking pool.
+    let permit = state.preparing.clone().acquire_owned().await.map_err(|_| draining())?;
+    let prep_state = Arc::clone(state);
+    let prepared = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        prepare(&prep_state, &messages, &images)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
+    let (prompt, media) = prepared;
+
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let job = Job {
+        prompt: prompt.clone(),
+        media,
+        max_tokens: options.max_tokens,
+        stop_tokens: options.stop_tokens,
+        sampler: options.sampler,
+        events: tx,
+    };
+    if !state.engine.submit(job) {
+        return Err(ApiError::internal("the engine has stopped").status(StatusCode::SERVICE_UNAVAILABLE));
+    }
+    match events.recv().await {
+        Some(Event::Queued) => {}
+        Some(Event::Refused(refusal)) => return Err(refused(refusal)),
+        Some(other) => return Err(ApiError::internal(format!("the engine answered {other:?} before accepting"))),
+        None => return Err(ApiError::internal("the engine dropped the request")),
+    }
+    let accepted = Accepted {
+        id: format!("chatcmpl-{}", uuid_like()),
+        prompt,
+        stream: options.stream,
+        include_usage: options.include_usage,
+        logprobs: options.logprobs,
+        stops: options.stop_strings,
+        events,
+    };
+    let output = Output::new(&state.text, &accepted.prompt, &accepted.stops, accepted.logprobs)?;
+    if accepted.stream {
+        Ok(stream(Arc::clone(state), accepted, output, arrived))
+    } else {
+        whole(state, accepted, output, arrived).await
+    }
+}
+
+fn draining() -> ApiError {
+    let mut e =
+        ApiError::invalid("shutting_down", "the server is shutting down").status(StatusCode::SERVICE_UNAVAILABLE);
+    e.kind = "server_error";
+    e.retry_after = Some(1);
+    e
+}
+
+fn refused(refusal: Refusal) -> ApiError {
+    match refusal {
+        Refusal::Submit(SubmitError::QueueFull { depth, retry_after }) => {
+            let mut e = ApiError::invalid(
+                "queue_full",
+                format!(
+                    "the server is at capacity ({depth} requests waiting); retry after {}s",
+                    retry_after.as_secs().max(1)
+                ),
+            )
+            .status(StatusCode::TOO_MANY_REQUESTS);
+            e.kind = "rate_limit_error";
+            e.retry_after = Some(retry_after.as_secs().max(1));
+            e
+        }
+        Refusal::Submit(e @ (SubmitError::ContextExceeded { .. } | SubmitError::PromptTooLong { .. })) => {
+            ApiError::invalid("context_length_exceeded", e.to_string()).param("max_tokens")
+        }
+        Refusal::Submit(e @ SubmitError::ZeroMaxTokens) => {
+            ApiError::invalid("invalid_value", e.to_string()).param("max_tokens")
+        }
+        Refusal::Submit(e @ SubmitError::EmptyPrompt) => {
+            ApiError::invalid("empty_prompt", e.to_string()).param("messages")
+        }
+        Refusal::Draining => draining(),
+        Refusal::Media(message) => ApiError::invalid("media_not_encodable", message).param("messages"),
+    }
+}
+
+/// The request's generation options, checked.
+struct Options {
+    stream: bool,
+    include_usage: bool,
+    max_tokens: Option<usize>,
+    sampler: Sampler,
+    logprobs: bool,
+    stop_strings: Vec<String>,
+    stop_tokens: Vec<u32>,
+}
+
+impl Options {
+    fn from_request(r: &ChatRequest, text: &TextSide) -> Result<Self, ApiError> {
+        if let Some(n) = r.n
+            && n != 1
+        {
+            return Err(
+                ApiError::invalid("unsupported_value", format!("n = {n}: one choice per request is served")).param("n")
+            );
+        }
+        if r.stream_options.is_some() && !r.stream {
+            return Err(ApiError::invalid("invalid_value", "stream_options needs stream: true").param("stream_options"));
+        }
+        let max_tokens = match (r.max_tokens, r.max_completion_tokens) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ApiError::invalid(
+                    "invalid_value",
+                    format!("max_tokens ({a}) and max_completion_tokens ({b}) disagree"),
+                )
+                .param("max_tokens"));
+            }
+            (a, b) => a.or(b).map(|m| usize::try_from(m).unwrap_or(usize::MAX)),
+        };
+        let top_k = match r.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            Some(k) => {
+                return Err(ApiError::invalid("invalid_value", format!("top_k must be -1, 0 or positive, got {k}"))
+                    .param("top_k"));
+            }
+        };
+        let params = SamplingParams {
+            temperature: r.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: r.top_p.unwrap_or(1.0),
+            min_p: r.min_p.unwrap_or(0.0),
+            repetition_penalty: r.repetition_penalty.unwrap_or(1.0),
+            frequency_penalty: r.frequency_penalty.unwrap_or(0.0),
+            presence_penalty: r.presence_penalty.unwrap_or(0.0),
+        };
+        let top_logprobs = match (r.logprobs, r.top_logprobs) {
+            (false, Some(_)) => {
+                return Err(
+                    ApiError::invalid("invalid_value", "top_logprobs needs logprobs: true").param("top_logprobs")
+                );
+            }
+            (false, None) => None,
+            (true, n) => {
+                let n = n.unwrap_or(0);
+                if n > MAX_TOP_LOGPROBS {
+                    return Err(ApiError::invalid(
+                        "invalid_value",
+                        format!("top_logprobs is at most {MAX_TOP_LOGPROBS}, got {n}"),
+                    )
+                    .param("top_logprobs"));
+                }
+                Some(n as usize)
+            }
+        };
+        let sampler = Sampler::new(params, r.seed.map(|s| s as u64))
+            .map_err(|e| ApiError::invalid("invalid_value", e.to_string()))?
+            .with_logprobs(top_logprobs)
+            .map_err(|e| ApiError::invalid("invalid_value", e.to_string()).param("top_logprobs"))?;
+        let stop_strings = r.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
+        if stop_strings.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("{} stop strings; at most {MAX_STOP_STRINGS}", stop_strings.len()),
+            )
+            .param("stop"));
+        }
+        let mut stop_tokens = if r.ignore_eos { Vec::new() } else { text.stop_tokens.clone() };
+        stop_tokens.extend(&r.stop_token_ids);
+        Ok(Options {
+            stream: r.stream,
+            include_usage: r.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            max_tokens,
+            sampler,
+            logprobs: r.logprobs,
+            stop_strings,
+            stop_tokens,
+        })
+    }
+}
+
+/// The chat turns for the template and the images in prompt order, from the wire format.
+fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec<Message>, Vec<Vec<u8>>), ApiError> {
+    let mut messages = Vec::new();
+    let mut images = Vec::new();
+    if wire.is_empty() {
+        return Err(ApiError::invalid("empty_prompt", "messages is empty").param("messages"));
+    }
+    for m in wire {
+        let role = match m.role.as_str() {
+            "system" | "user" | "assistant" => m.role,
+            // OpenAI's newer name for the system turn.
+            "developer" => "system".to_owned(),
+            other => {
+                return Err(ApiError::invalid(
+                    "unsupported_value",
+                    format!("role `{other}` is not served (system, developer, user and assistant are)"),
+                )
+                .param("messages"));
+            }
+        };
+        let content = match m.content {
+            None => Content::Text(String::new()),
+            Some(MessageContent::Text(text)) => Content::Text(text),
+            Some(MessageContent::Parts(parts)) => {
+                let mut out = Vec::new();
+                for part in parts {
+                    match part {
+                        ContentPart::Text { text } => out.push(Part { kind: "text".to_owned(), text: Some(text) }),
+                        ContentPart::ImageUrl { image_url } => {
+                            if let Some(detail) = image_url.detail.as_deref()
+                                && detail != "auto"
+                            {
+                                return Err(ApiError::invalid(
+                                    "unsupported_value",
+                                    format!("image detail `{detail}` is not served; the family's processor sets the resolution (omit detail or send \"auto\")"),
+                                )
+                                .param("messages"));
+                            }
+                            images.push(image_bytes(&image_url.url)?);
+                            out.push(Part { kind: "image".to_owned(), text: None });
+                        }
+                        ContentPart::InputAudio { input_audio } => {
+                            let why = match state.media {
+                                None => "this model takes no audio".to_owned(),
+                                Some(media) => match media.plugin().check_capability(Capability::Audio, state.policy) {
+                                    Err(e) => e.to_string(),
+                                    Ok(_) => format!("{} audio is not decoded by this server yet", input_audio.format),
+                                },
+                            };
+                            return Err(ApiError::invalid("unsupported_content", why).param("messages"));
+                        }
+                    }
+                }
+                Content::Parts(out)
+            }
+        };
+        messages.push(Message { role, content });
+    }
+    if !images.is_empty() {
+        let Some(media) = state.media else {
+            return Err(ApiError::invalid(
+                "model_not_multimodal",
+                format!("`{}` is served without a family plugin and takes no images", state.model_id),
+            )
+            .param("messages"));
+        };
+        media.admit(images.len(), state.policy).map_err(|e| {
+            let code = match &e {
+                MediaRefusal::Capability(PluginApiError::Unqualified { .. }) => "capability_not_qualified",
+                MediaRefusal::Capability(_) => "capability_unsupported",
+                MediaRefusal::TooMany { .. } => "too_many_images",
+            };
+            ApiError::invalid(code, e.to_string()).param("messages")
+        })?;
+    }
+    Ok((messages, images))
+}
+
+/// An image URL's bytes: base64 data URLs only.
+fn image_bytes(url: &str) -> Result<Vec<u8>, ApiError> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Err(ApiError::invalid(
+            "image_url_not_allowed",
+            "remote image URLs are not fetched by this server; send the image inline as a data URL (data:image/png;base64,...)",
+        )
+        .param("messages"));
+    }
+    let Some(rest) = url.strip_prefix("data:") else {
+        return Err(ApiError::invalid(
+            "invalid_image_url",
+            "an image_url must be a data URL (data:image/png;base64,...)",
+        )
+        .param("messages"));
+    };
+    let Some((header, data)) = rest.split_once(',') else {
+        return Err(ApiError::invalid("invalid_image_url", "the data URL has no `,` before its data").param("messages"));
+    };
+    if !header.ends_with(";base64") {
+        return Err(ApiError::invalid("invalid_image_url", "the data URL is not base64 (`;base64,` expected)")
+            .param("messages"));
+    }
+    base64::engine::general_purpose::STANDARD.decode(data.trim()).map_err(|e| {
+        ApiError::invalid("invalid_base64", format!("the image data URL is not valid base64: {e}")).param("messages")
+    })
+}
+
+/// The rendered, tokenized prompt and its preprocessed media (blocking work).
+fn prepare(
+    state: &AppState,
+    messages: &[Message],
+    images: &[Vec<u8>],
+) -> Result<(Vec<u32>, Option<MediaRequest<'static>>), ApiError> {
+    let text = &state.text;
+    let prompt = text
+        .template
+        .render(messages, true)
+        .map_err(|e| ApiError::invalid("template_error", format!("the chat template refused the messages: {e}")))?;
+    let (ids, media) = match (images.is_empty(), state.media) {
+        (true, _) => (text.tokenizer.encode(&prompt, false).map_err(|e| ApiError::internal(e.to_string()))?, None),
+        (false, None) => return Err(ApiError::invalid("model_not_multimodal", "this model takes no images")),
+        (false, Some(media)) => {
+            let request = media
+                .request(images, state.max_input_pixels)
+                .map_err(|e| ApiError::invalid("invalid_image", format!("{e:#}")).param("messages"))?;
+            let ids = request
+                .expand(&prompt, &text.tokenizer)
+                .map_err(|e| ApiError::invalid("invalid_image", format!("{e:#}")).param("messages"))?;
+            (ids, Some(request))
+        }
+    };
+    if ids.is_empty() {
+        return Err(ApiError::invalid("empty_prompt", "the prompt is empty after tokenization").param("messages"));
+    }
+    Ok((ids, media))
+}
+
+/// Turns a request's tokens into text: streaming detokenization, stop strings, logprobs.
+struct Output {
+    text: Arc<TextSide>,
+    detok: Detokenizer,
+    stops: StopStrings,
+    logprobs: bool,
+    /// Tokens received.
+    tokens: usize,
+}
+
+/// What one token added.
+struct Piece {
+    text: String,
+    logprobs: Option<TokenLogprobBody>,
+    /// A stop string matched: nothing after `text` is emitted.
+    stopped: bool,
+}
+
+impl Output {
+    fn new(text: &Arc<TextSide>, prompt: &[u32], stops: &[String], logprobs: bool) -> Result<Self, ApiError> {
+        let stops = StopStrings::new(stops.to_vec())
+            .map_err(|e| ApiError::invalid("invalid_value", e.to_string()).param("stop"))?;
+        Ok(Output { text: Arc::clone(text), detok: Detokenizer::new(prompt, true), stops, logprobs, tokens: 0 })
+    }
+
+    fn token(&mut self, token: u32, logprobs: Option<TokenLogprobs>) -> Result<Piece, ApiError> {
+        self.tokens += 1;
+        let piece = self.detok.push(&self.text.tokenizer, token).map_err(|e| ApiError::internal(e.to_string()))?;
+        let scan = self.stops.push(&piece);
+        let logprobs = match (self.logprobs, logprobs) {
+            (true, Some(lp)) => Some(self.logprob_body(token, &lp)),
+            _ => None,
+        };
+        Ok(Piece { text: scan.emit, logprobs, stopped: scan.stopped.is_some() })
+    }
+
+    /// The text held back at the end (an unfinished character, a partial stop string).
+    fn finish(&mut self) -> Result<Piece, ApiError> {
+        let rest = self.detok.finish(&self.text.tokenizer).map_err(|e| ApiError::internal(e.to_string()))?;
+        let scan = self.stops.push(&rest);
+        let mut text = scan.emit;
+        if scan.stopped.is_none() {
+            text.push_str(&self.stops.finish());
+        }
+        Ok(Piece { text, logprobs: None, stopped: scan.stopped.is_some() })
+    }
+
+    fn logprob_body(&self, token: u32, lp: &TokenLogprobs) -> TokenLogprobBody {
+        let name = |id: u32| self.text.tokenizer.decode(&[id], false).unwrap_or_default();
+        let token_text = name(token);
+        TokenLogprobBody {
+            bytes: token_text.as_bytes().to_vec(),
+            token: token_text,
+            logprob: lp.logprob,
+            top_logprobs: lp
+                .top
+                .iter()
+                .map(|&(id, logprob)| {
+                    let text = name(id);
+                    TopLogprobBody { bytes: text.as_bytes().to_vec(), token: text, logprob }
+                })
+                .collect(),
+        }
+    }
+}
+
+fn finish_reason(reason: &FinishReason) -> Result<&'static str, ApiError> {
+    match reason {
+        FinishReason::Stop { .. } => Ok("stop"),
+        FinishReason::Length | FinishReason::Capacity => Ok("length"),
+        // Cancelled by the server (shutdown deadline); a client's own cancellation has no reader.
+        FinishReason::Cancelled => Ok("abort"),
+        FinishReason::Error(e) => Err(ApiError::internal(format!("generation failed: {e}"))),
+    }
+}
+
+fn outcome(reason: &FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop { .. } => "stop",
+        FinishReason::Length | FinishReason::Capacity => "length",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Error(_) => "error",
+    }
+}
+
+/// A non-streaming answer: every token, then one body.
+async fn whole(
+    state: &Arc<AppState>,
+    mut a: Accepted,
+    mut out: Output,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    let mut first: Option<Instant> = None;
+    let mut usage = None;
+    let reason = loop {
+        match a.events.recv().await {
+            Some(Event::Token { token, logprobs: lp }) => {
+                if first.is_none() {
+                    first = Some(Instant::now());
+                    state.metrics.first_token(arrived.elapsed());
+                }
+                let piece = out.token(token, lp)?;
+                text.push_str(&piece.text);
+                logprobs.extend(piece.logprobs);
+                if piece.stopped {
+                    // Dropping the receiver below cancels the rest in the engine.
+                    state.metrics.finished("stop", a.prompt.len(), out.tokens, decoding(first));
+                    break "stop";
+                }
+            }
+            Some(Event::Finished { reason, usage: used }) => {
+                usage = Some(UsageBody::new(used.prompt_tokens, used.completion_tokens));
+                let tail = out.finish()?;
+                text.push_str(&tail.text);
+                state.metrics.finished(outcome(&reason), a.prompt.len(), out.tokens, decoding(first));
+                break finish_reason(&reason)?;
+            }
+            Some(other) => return Err(ApiError::internal(format!("unexpected engine event {other:?}"))),
+            None => return Err(ApiError::internal("the engine dropped the request")),
+        }
+    };
+    drop(a.events);
+    let body = ChatCompletion {
+        id: a.id,
+        object: "chat.completion",
+        created: now(),
+        model: state.model_id.clone(),
+        choices: vec![Choice {
+            index: 0,
+            message: AssistantMessage { role: "assistant", content: text },
+            finish_reason: reason,
+            logprobs: a.logprobs.then_some(LogprobsBody { content: logprobs }),
+        }],
+        // Ended by a stop string: the tokens received so far.
+        usage: usage.unwrap_or_else(|| UsageBody::new(a.prompt.len(), out.tokens)),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// A streamed answer: a role chunk, a chunk per piece of text, a finish chunk, the usage chunk
+/// when asked, then `[DONE]`.
+fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Instant) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
+    let created = now();
+    let id = a.id.clone();
+    let model = state.model_id.clone();
+    let task_state = Arc::clone(&state);
+    tokio::spawn(async move {
+        let state = task_state;
+        let chunk = |choices: Vec<ChunkChoice>, usage: Option<UsageBody>| ChatChunk {
+            id: id.clone(),
+            object: "chat.completion.chunk",
+            created,
+            model: model.clone(),
+            choices,
+            usage,
+        };
+        let content =
+            |text: String, finish: Option<&'static str>, lp: Option<TokenLogprobBody>, logprobs: bool| ChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: if text.is_empty() && finish.is_some() { None } else { Some(text) },
+                },
+                finish_reason: finish,
+                logprobs: if logprobs { Some(LogprobsBody { content: lp.into_iter().collect() }) } else { None },
+            };
+        let data = |c: &ChatChunk| SseEvent::default().data(serde_json::to_string(c).unwrap_or_default());
+        let role = ChunkChoice {
+            index: 0,
+            delta: Delta { role: Some("assistant"), content: None },
+            finish_reason: None,
+            logprobs: None,
+        };
+        if tx.send(Ok(data(&chunk(vec![role], None)))).await.is_err() {
+            return;
+        }
+        let mut first: Option<Instant> = None;
+        let finish: Result<&'static str, ApiError> = loop {
+            let event = tokio::select! {
+                event = a.events.recv() => event,
+                // The client went away: drop the engine's receiver, which cancels the request.
+                () = tx.closed() => {
+                    state.metrics.finished("cancelled", a.prompt.len(), out.tokens, decoding(first));
+                    return;
+                }
+            };
+            match event {
+                Some(Event::Token { token, logprobs }) => {
+                    if first.is_none() {
+                        first = Some(Instant::now());
+                        state.metrics.first_token(arrived.elapsed());
+                    }
+                    let piece = match out.token(token, logprobs) {
+                        Ok(p) => p,
+                        Err(e) => break Err(e),
+                    };
+                    if !piece.text.is_empty() || piece.logprobs.is_some() {
+                        let c = chunk(vec![content(piece.text, None, piece.logprobs, a.logprobs)], None);
+                        if tx.send(Ok(data(&c))).await.is_err() {
+                            state.metrics.finished("cancelled", a.prompt.len(), out.tokens, decoding(first));
+                            return;
+                        }
+                    }
+                    if piece.stopped {
+                        state.metrics.finished("stop", a.prompt.len(), out.tokens, decoding(first));
+                        break Ok("stop");
+                    }
+                }
+                Some(Event::Finished { reason, .. }) => {
+                    state.metrics.finished(outcome(&reason), a.prompt.len(), out.tokens, decoding(first));
+                    match out.finish() {
+                        Ok(tail) if !tail.text.is_empty() => {
+                            let c = chunk(vec![content(tail.text, None, None, false)], None);
+                            let _ = tx.send(Ok(data(&c))).await;
+                        }
+                        Ok(_) => {}
+                        Err(e) => break Err(e),
+                    }
+                    break finish_reason(&reason);
+                }
+                Some(other) => break Err(ApiError::internal(format!("unexpected engine event {other:?}"))),
+                None => break Err(ApiError::internal("the engine dropped the request")),
+            }
+        };
+        drop(a.events);
+        match finish {
+            Ok(reason) => {
+                let c = chunk(vec![content(String::new(), Some(reason), None, false)], None);
+                let _ = tx.send(Ok(data(&c))).await;
+                if a.include_usage {
+                    let c = chunk(Vec::new(), Some(UsageBody::new(a.prompt.len(), out.tokens)));
+                    let _ = tx.send(Ok(data(&c))).await;
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Ok(SseEvent::default().data(e.body().to_string()))).await;
+            }
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+    });
+    Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+fn decoding(first: Option<Instant>) -> Duration {
+    first.map_or(Duration::ZERO, |f| f.elapsed())
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A unique-enough completion id: time and a process-wide counter.
+fn uuid_like() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{t:x}{n:04x}")
+}

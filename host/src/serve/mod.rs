@@ -1,0 +1,237 @@
+//! `serve`: an OpenAI-compatible HTTP server over one checkpoint. The engine thread owns the
+//! decoder bundle (compiled for `--slots` slots of `--context` rows) and the family plugin's
+//! encoders; HTTP requests are prepared on the blocking pool and streamed back from the engine.
+
+mod api;
+mod engine;
+mod http;
+mod metrics;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions};
+use mlxcel_host::engine::SchedulerConfig;
+use mlxcel_host::text::{ChatTemplate, Tokenizer, stop_tokens};
+use mlxcel_plugin_api::QualificationPolicy;
+use mlxcel_shim::{CompileCache, Compiler, Device, Driver, Target};
+
+use crate::exec::DeviceArgs;
+use crate::multimodal::{Encoders, MAX_INPUT_PIXELS, MediaModel};
+use crate::plugins::PluginDir;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// The checkpoint directory (config.json, *.safetensors, tokenizer.json, chat template).
+    #[arg(long)]
+    model: PathBuf,
+    #[command(flatten)]
+    plugins: PluginDir,
+    /// The model name clients send [default: the checkpoint directory's name].
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Requests decoded together (KV slots of the compiled bundle).
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Context capacity per slot in tokens (prompt plus generated).
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
+    /// Prefill chunk of the compiled bundle in tokens (the context must be a multiple).
+    #[arg(long, default_value_t = 64)]
+    chunk: usize,
+    /// Requests that may wait for a slot; past it, HTTP 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Serve capabilities the plugin's manifest does not mark qualified (experimental ones).
+    #[arg(long)]
+    allow_unqualified: bool,
+    /// Largest request body in bytes (images come inline as data URLs).
+    #[arg(long, default_value_t = 32 << 20)]
+    max_body_bytes: usize,
+    /// Largest image, in pixels declared by its header, decoded at all (decompression bombs are
+    /// refused before any allocation).
+    #[arg(long, default_value_t = MAX_INPUT_PIXELS)]
+    max_image_pixels: u64,
+    /// Requests prepared at once (template, tokenizer, image decoding and preprocessing).
+    #[arg(long, default_value_t = 2)]
+    prepare_workers: usize,
+    /// Seconds in-flight requests may still run after a shutdown signal before they are
+    /// cancelled.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+pub(crate) fn serve(args: ServeArgs) -> Result<()> {
+    let dir = args.model.clone();
+    if !dir.is_dir() {
+        bail!("the model directory {} does not exist", dir.display());
+    }
+    if args.slots == 0 || args.queue == 0 || args.prepare_workers == 0 {
+        bail!("--slots, --queue and --prepare-workers must be at least 1");
+    }
+    let driver: Driver = args.device.driver.parse()?;
+    let model_id = match &args.served_model_name {
+        Some(name) => name.clone(),
+        None => dir
+            .canonicalize()
+            .ok()
+            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .context("the model directory has no name; pass --served-model-name")?,
+    };
+    let tokenizer = Tokenizer::load(&dir)?;
+    let template = ChatTemplate::load(&dir).context("a chat server needs the checkpoint's chat template")?;
+    let stops = stop_tokens(&dir, &tokenizer)?;
+    let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops });
+    let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
+
+    // The plugin set lives as long as the process (plugin libraries are never unloaded), so
+    // requests borrow it for 'static.
+    let media: Option<&'static MediaModel<'static>> = match &args.plugins.dir() {
+        None => None,
+        Some(_) => {
+            let (plugin_dir, set) = args.plugins.scan()?;
+            let set: &'static _ = Box::leak(Box::new(set));
+            match MediaModel::open(set, &plugin_dir, &dir) {
+                Ok(media) => Some(Box::leak(Box::new(media))),
+                Err(e) => {
+                    eprintln!("serving text only: {e:#}");
+                    None
+                }
+            }
+        }
+    };
+
+    let metrics = Arc::new(metrics::Metrics::new());
+    let device_args: &'static DeviceArgs = Box::leak(Box::new(args.device.clone()));
+    let shape = BundleShape { chunk: args.chunk, capacity: args.context, slots: args.slots };
+    let load_dir = dir.clone();
+    let with_encoders = media.is_some();
+    let loader: engine::Loader = Box::new(move || {
+        let compiler = Compiler::locate()?;
+        let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
+        let device = Device::new(driver)?;
+        let options = DecoderOptions {
+            shape,
+            target: Target::Cpu { cpu: device_args.target_cpu.clone() },
+            ..DecoderOptions::default()
+        };
+        let decoder = Decoder::load(&load_dir, options, &device, &compiler, &cache)
+            .with_context(|| format!("loading the decoder of {}", load_dir.display()))?;
+        let encoders = with_encoders.then(|| Encoders::new(&load_dir, device_args));
+        Ok((decoder, encoders))
+    });
+    let scheduler = SchedulerConfig {
+        slots: args.slots,
+        capacity: args.context,
+        queue_bound: args.queue,
+        prefills_per_step: 1,
+        retry_after: Duration::from_secs(1),
+    };
+    let started = Instant::now();
+    eprintln!("loading {} ({} slots of {} tokens)...", dir.display(), args.slots, args.context);
+    let (engine, engine_thread) = engine::start(loader, scheduler, Arc::clone(&metrics))?;
+    eprintln!("loaded in {:.1} s", started.elapsed().as_secs_f64());
+
+    let draining = Arc::new(AtomicBool::new(false));
+    let state = Arc::new(http::AppState {
+        model_id: model_id.clone(),
+        engine: engine.clone(),
+        metrics,
+        text,
+        media,
+        policy,
+        max_input_pixels: args.max_image_pixels,
+        preparing: Arc::new(tokio::sync::Semaphore::new(args.prepare_workers)),
+        draining: Arc::clone(&draining),
+        started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let timeout = Duration::from_secs(args.shutdown_timeout);
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let addr: SocketAddr = listener.local_addr()?;
+        announce(addr, &model_id, media.is_some());
+        let shutdown = async move {
+            wait_for_signal().await;
+            eprintln!("shutting down: finishing in-flight requests (at most {} s)", timeout.as_secs());
+            draining.store(true, Ordering::Relaxed);
+            engine.drain(Instant::now() + timeout);
+        };
+        axum::serve(listener, http::router(state, args.max_body_bytes))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving")
+    })?;
+    let _ = engine_thread.join();
+    eprintln!("stopped");
+    Ok(())
+}
+
+/// Prints where the server listens and a request to paste.
+fn announce(addr: SocketAddr, model: &str, images: bool) {
+    println!("listening on http://{addr}");
+    println!("  models:  curl -s http://{addr}/v1/models");
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 16,
+        "temperature": 0,
+    });
+    println!("  chat:    curl -s http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'");
+    if images {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,%s"}},
+                {"type": "text", "text": "Describe this image."},
+            ]}],
+            "max_tokens": 16,
+            "temperature": 0,
+        });
+        println!(
+            "  image:   printf '{body}' \"$(base64 -w0 path/to/image.png)\" | curl -s http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d @-"
+        );
+    }
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+}
+
+async fn wait_for_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

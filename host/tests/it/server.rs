@@ -1,0 +1,184 @@
+//! `mlxcel-host serve` on the Qwen2-VL fixture, driven by the official `openai` Python client
+//! (tests/server/openai_client.py): golden greedy tokens whole and streamed, a mixed batch equal
+//! to each request alone, cancelling mid-stream, bad requests, the capability gate, a full queue
+//! and a graceful shutdown.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use mlxcel_host::text::Tokenizer;
+
+use crate::qwen2_vl::built_plugins;
+
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace")
+}
+
+fn fixture() -> PathBuf {
+    workspace().join("tests/fixtures/qwen2_vl")
+}
+
+fn plugins() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server-plugins");
+        built_plugins(&dir);
+        dir
+    })
+}
+
+/// The project venv's Python, which has the `openai` client (tools/dev/setup.sh).
+fn python() -> PathBuf {
+    let venv = std::env::var_os("MLXCEL_VENV").map_or_else(|| workspace().join(".venv"), PathBuf::from);
+    let python = venv.join("bin/python");
+    assert!(python.exists(), "{} is missing: source tools/dev/setup.sh", python.display());
+    python
+}
+
+/// A running server; killed on drop unless it was shut down.
+struct Server {
+    child: Child,
+    base: String,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
+            .arg("serve")
+            .arg("--model")
+            .arg(fixture())
+            .arg("--plugins")
+            .arg(plugins())
+            .args(["--port", "0", "--context", "256", "--chunk", "32"])
+            .args(extra)
+            .env_remove("MLXCEL_PLUGINS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the server");
+        let stderr = child.stderr.take().expect("stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let base = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(addr) = line.strip_prefix("listening on ") {
+                        break addr.trim().to_owned();
+                    }
+                }
+                _ => {
+                    let _ = child.wait();
+                    panic!("the server ended before listening:\n{}", stderr.join().unwrap_or_default());
+                }
+            }
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, base, stderr: Some(stderr) }
+    }
+
+    /// Runs one scenario of the client script; its JSON observations.
+    fn scenario(&self, name: &str) -> serde_json::Value {
+        let output = Command::new(python())
+            .arg(workspace().join("host/tests/server/openai_client.py"))
+            .arg(name)
+            .args(["--base-url", &format!("{}/v1", self.base)])
+            .arg("--fixture")
+            .arg(fixture())
+            .output()
+            .expect("run the openai client");
+        assert!(
+            output.status.success(),
+            "scenario {name} failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("the scenario prints json")
+    }
+
+    /// SIGTERM, then the exit status and everything the server wrote to stderr.
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().expect("kill");
+        assert!(status.success());
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "the server did not stop within 60 s");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = self.stderr.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        (status, stderr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn golden(variant: &str) -> serde_json::Value {
+    let path = fixture().join("goldens").join(format!("{variant}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).expect("golden")).expect("json")
+}
+
+#[test]
+fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are_refused() {
+    let server = Server::start(&["--allow-unqualified", "--slots", "4"]);
+    let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
+
+    // Whole and streamed: each golden variant's 16 greedy tokens, token by token.
+    let got = server.scenario("golden");
+    for variant in ["text_only", "image", "two_images"] {
+        let golden = golden(variant);
+        let ids: Vec<u32> = golden["greedy_tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|t| t.as_u64().expect("id") as u32)
+            .collect();
+        let tokens: Vec<String> = ids.iter().map(|&id| tokenizer.decode(&[id], false).expect("decode")).collect();
+        let text = tokenizer.decode(&ids, true).expect("decode");
+        assert_eq!(got[variant]["tokens"], serde_json::json!(tokens), "{variant}: tokens");
+        assert_eq!(got[variant]["text"], serde_json::json!(text), "{variant}: text");
+        assert_eq!(got[variant]["prompt_tokens"], golden["n_prompt_tokens"], "{variant}: prompt tokens");
+    }
+
+    // Eight mixed requests at once equal each alone (asserted by the script too).
+    let got = server.scenario("concurrent");
+    assert_eq!(got["alone"], got["together"]);
+
+    let got = server.scenario("cancel");
+    assert_eq!(got["chunks_read"], 3, "{got}");
+
+    let got = server.scenario("errors");
+    let message = got["over_capacity"].as_str().unwrap_or_default();
+    assert!(message.contains("exceeds the context capacity of 256"), "{got}");
+    assert!(got["oversized_image"].as_str().unwrap_or_default().contains("900000000"), "{got}");
+
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+}
+
+#[test]
+fn experimental_capabilities_are_refused_by_default_and_a_full_queue_answers_429() {
+    let server = Server::start(&["--slots", "1", "--queue", "1"]);
+    let got = server.scenario("strict");
+    assert!(got["unqualified"].as_str().unwrap_or_default().contains("--allow-unqualified"), "{got}");
+}

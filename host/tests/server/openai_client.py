@@ -1,0 +1,298 @@
+"""Drives a running `mlxcel-host serve` with the official `openai` Python client.
+
+Run by host/tests/it/server.rs, which starts the server on the Qwen2-VL fixture and checks the
+JSON this prints against the fixture's goldens. Each scenario asserts what the protocol
+promises and prints its observations as one JSON object on stdout.
+
+    python openai_client.py SCENARIO --base-url http://127.0.0.1:PORT/v1 --fixture DIR
+"""
+
+import argparse
+import base64
+import concurrent.futures
+import json
+import struct
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import httpx
+import openai
+
+GREEDY = {"temperature": 0, "max_tokens": 16}
+IGNORE_EOS = {"ignore_eos": True}
+
+
+def data_url(path):
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def golden_messages(fixture, golden):
+    """The golden's messages in the wire format, its images inline in order."""
+    images = iter(golden.get("images", []))
+    messages = []
+    for m in golden["messages"]:
+        parts = []
+        for part in m["content"]:
+            if part["type"] == "image":
+                parts.append({"type": "image_url", "image_url": {"url": data_url(fixture / next(images))}})
+            else:
+                parts.append({"type": "text", "text": part["text"]})
+        messages.append({"role": m["role"], "content": parts})
+    return messages
+
+
+def scenario_golden(client, args):
+    """Each golden variant greedy, whole and streamed, with logprobs naming every token."""
+    out = {}
+    model = args.model
+    for variant in ["text_only", "image", "two_images"]:
+        golden = json.loads((args.fixture / "goldens" / f"{variant}.json").read_text())
+        messages = golden_messages(args.fixture, golden)
+        whole = client.chat.completions.create(
+            model=model, messages=messages, logprobs=True, top_logprobs=2, extra_body=IGNORE_EOS, **GREEDY
+        )
+        choice = whole.choices[0]
+        assert choice.finish_reason == "length", choice.finish_reason
+        assert whole.usage.completion_tokens == 16, whole.usage
+        assert whole.usage.prompt_tokens == golden["n_prompt_tokens"], (whole.usage, golden["n_prompt_tokens"])
+        for entry in choice.logprobs.content:
+            assert len(entry.top_logprobs) == 2, entry
+            assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob, entry
+            # Greedy: the chosen token is the most likely one.
+            assert abs(entry.logprob - entry.top_logprobs[0].logprob) < 1e-6, entry
+
+        stream = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=IGNORE_EOS,
+            **GREEDY,
+        )
+        pieces, finish, usage, roles = [], None, None, 0
+        for chunk in stream:
+            if chunk.usage is not None:
+                assert chunk.choices == [], chunk
+                usage = chunk.usage
+                continue
+            delta = chunk.choices[0].delta
+            roles += delta.role == "assistant"
+            if delta.content:
+                pieces.append(delta.content)
+            if chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        assert roles == 1, roles
+        assert finish == "length", finish
+        assert usage is not None and usage.completion_tokens == 16, usage
+        assert "".join(pieces) == choice.message.content, ("".join(pieces), choice.message.content)
+        out[variant] = {
+            "text": choice.message.content,
+            "tokens": [e.token for e in choice.logprobs.content],
+            "prompt_tokens": whole.usage.prompt_tokens,
+        }
+    return out
+
+
+def scenario_models(client, args):
+    models = client.models.list()
+    return {"data": [m.model_dump() for m in models.data]}
+
+
+def mixed_requests(args):
+    """Eight requests: text and image, greedy and seeded sampling."""
+    wide = data_url(args.fixture / "inputs" / "wide.png")
+    images = sorted((args.fixture / "inputs").glob("*.png"))
+    other = data_url(images[-1])
+    requests = []
+    for i in range(8):
+        if i % 2 == 0:
+            content = f"Count to {i + 3}, please."
+        else:
+            url = wide if i % 4 == 1 else other
+            content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": f"Describe it ({i})."}]
+        params = {"max_tokens": 12 + i, "extra_body": IGNORE_EOS}
+        if i in (2, 5):
+            params.update(temperature=0.8, top_p=0.9, seed=1000 + i)
+        else:
+            params.update(temperature=0)
+        requests.append(({"role": "user", "content": content}, params))
+    return requests
+
+
+def scenario_concurrent(client, args):
+    """Each of 8 mixed requests alone, then all 8 at once: the same text for each."""
+    requests = mixed_requests(args)
+
+    def run(request):
+        message, params = request
+        r = client.chat.completions.create(model=args.model, messages=[message], **params)
+        return r.choices[0].message.content, r.usage.completion_tokens
+
+    alone = [run(r) for r in requests]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(run, requests))
+    for i, (a, t) in enumerate(zip(alone, together)):
+        assert a == t, f"request {i}: alone {a!r}, batched {t!r}"
+    return {"alone": alone, "together": together}
+
+
+def metric(base, name):
+    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def scenario_cancel(client, args):
+    """A stream closed after a few chunks frees its slot; the server serves the next request."""
+    before = metric(args.base_url, 'mlxcel_requests_total{outcome="cancelled"}')
+    stream = client.chat.completions.create(
+        model=args.model,
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        stream=True,
+        max_tokens=200,
+        temperature=0,
+        extra_body=IGNORE_EOS,
+    )
+    seen = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            seen += 1
+        if seen == 3:
+            break
+    stream.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        cancelled = metric(args.base_url, 'mlxcel_requests_total{outcome="cancelled"}')
+        if cancelled > before and metric(args.base_url, "mlxcel_active_slots") == 0:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the closed stream was not cancelled within 30 s")
+    after = client.chat.completions.create(
+        model=args.model, messages=[{"role": "user", "content": "Say hello."}], **GREEDY
+    )
+    assert after.choices[0].message.content is not None
+    return {"chunks_read": seen, "cancelled": cancelled - before}
+
+
+def huge_png(width, height):
+    """A PNG whose header declares width x height, followed by a tiny (wrong) IDAT."""
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def expect_error(status, code, call):
+    try:
+        call()
+    except openai.APIStatusError as e:
+        assert e.status_code == status, (e.status_code, status, e.body)
+        assert isinstance(e.body, dict) and e.body.get("code") == code, (code, e.body)
+        assert e.body.get("message"), e.body
+        return e.body["message"]
+    raise AssertionError(f"expected HTTP {status} {code}, the request succeeded")
+
+
+def scenario_errors(client, args):
+    """Each bad request gets its 4xx with an OpenAI error body; the server keeps serving."""
+    model = args.model
+    wide = data_url(args.fixture / "inputs" / "wide.png")
+
+    def chat(messages, **params):
+        return lambda: client.chat.completions.create(model=model, messages=messages, **params)
+
+    def image_message(*urls, text="What is this?"):
+        parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        return [{"role": "user", "content": parts + [{"type": "text", "text": text}]}]
+
+    seen = {}
+    raw = httpx.post(
+        args.base_url + "/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"}
+    )
+    assert raw.status_code == 400, raw.text
+    assert raw.json()["error"]["code"] == "invalid_json", raw.text
+    seen["malformed_json"] = raw.json()["error"]["message"]
+    seen["unknown_model"] = expect_error(
+        404, "model_not_found", lambda: client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    )
+    bomb = "data:image/png;base64," + base64.b64encode(huge_png(30000, 30000)).decode()
+    seen["oversized_image"] = expect_error(400, "invalid_image", chat(image_message(bomb), max_tokens=4))
+    seen["too_many_images"] = expect_error(400, "too_many_images", chat(image_message(*[wide] * 9), max_tokens=4))
+    seen["invalid_base64"] = expect_error(
+        400, "invalid_base64", chat(image_message("data:image/png;base64,@@not base64@@"), max_tokens=4)
+    )
+    seen["corrupt_image"] = expect_error(
+        400, "invalid_image", chat(image_message("data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nxx").decode()), max_tokens=4)
+    )
+    seen["remote_url"] = expect_error(400, "image_url_not_allowed", chat(image_message("https://example.com/a.png"), max_tokens=4))
+    audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]
+    seen["unsupported_content"] = expect_error(400, "unsupported_content", chat(audio, max_tokens=4))
+    seen["over_capacity"] = expect_error(
+        400, "context_length_exceeded", chat([{"role": "user", "content": "hi"}], max_tokens=100000)
+    )
+    seen["unknown_field"] = expect_error(
+        400, "invalid_json", chat([{"role": "user", "content": "hi"}], max_tokens=4, extra_body={"tools_x": 1})
+    )
+    seen["bad_temperature"] = expect_error(400, "invalid_value", chat([{"role": "user", "content": "hi"}], temperature=-1))
+    ok = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}], **GREEDY)
+    assert ok.usage.completion_tokens >= 1
+    return seen
+
+
+def scenario_strict(client, args):
+    """Without --allow-unqualified an experimental capability is refused; a full queue is 429."""
+    wide = data_url(args.fixture / "inputs" / "wide.png")
+    message = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": wide}}, {"type": "text", "text": "Hi"}]}]
+    seen = {
+        "unqualified": expect_error(
+            400, "capability_not_qualified", lambda: client.chat.completions.create(model=args.model, messages=message, max_tokens=4)
+        )
+    }
+    # One slot and a queue of one: of eight long requests at once, some are told to come back.
+    quick = client.with_options(max_retries=0)
+
+    def run(i):
+        try:
+            r = quick.chat.completions.create(
+                model=args.model,
+                messages=[{"role": "user", "content": f"Story {i}."}],
+                max_tokens=150,
+                temperature=0,
+                extra_body=IGNORE_EOS,
+            )
+            return ("ok", r.usage.completion_tokens)
+        except openai.RateLimitError as e:
+            assert e.response.headers.get("retry-after") == "1", e.response.headers
+            assert e.body.get("code") == "queue_full", e.body
+            return ("429", None)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(run, range(8)))
+    kinds = [k for k, _ in results]
+    assert "429" in kinds and "ok" in kinds, kinds
+    assert all(n == 150 for k, n in results if k == "ok"), results
+    seen["queue"] = kinds
+    return seen
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario")
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--fixture", type=Path, required=True)
+    parser.add_argument("--model", default="qwen2_vl")
+    args = parser.parse_args()
+    client = openai.OpenAI(base_url=args.base_url, api_key="unused", timeout=300, max_retries=0)
+    result = globals()["scenario_" + args.scenario](client, args)
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
