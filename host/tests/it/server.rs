@@ -94,6 +94,7 @@ impl Server {
         let output = Command::new(python())
             .arg(workspace().join("host/tests/server/openai_client.py"))
             .arg(name)
+            .args(["--server-pid", &self.child.id().to_string()])
             .args(["--base-url", &format!("{}/v1", self.base)])
             .arg("--fixture")
             .arg(fixture())
@@ -108,18 +109,23 @@ impl Server {
         serde_json::from_slice(&output.stdout).expect("the scenario prints json")
     }
 
+    /// The exit status, once the server has stopped by itself.
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "the server did not stop within 60 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, then the exit status and everything the server wrote to stderr.
     fn terminate(mut self) -> (std::process::ExitStatus, String) {
         let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().expect("kill");
         assert!(status.success());
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(started.elapsed() < Duration::from_secs(60), "the server did not stop within 60 s");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = self.wait();
         let stderr = self.stderr.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
         (status, stderr)
     }
@@ -174,6 +180,16 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     let (status, stderr) = server.terminate();
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
+}
+
+#[test]
+fn shutdown_lets_a_running_stream_finish_and_turns_new_requests_away() {
+    let mut server = Server::start(&["--slots", "2"]);
+    // The scenario sends SIGTERM itself once its stream has started.
+    let got = server.scenario("drain");
+    assert_eq!(got["completion_tokens"], 200, "{got}");
+    let status = server.wait();
+    assert!(status.success());
 }
 
 #[test]

@@ -87,6 +87,22 @@ def scenario_golden(client, args):
         assert finish == "length", finish
         assert usage is not None and usage.completion_tokens == 16, usage
         assert "".join(pieces) == choice.message.content, ("".join(pieces), choice.message.content)
+        # A stop string cut out of the greedy text: both modes end just before it.
+        text = choice.message.content
+        stop = text[4:6]
+        expected = text[: text.find(stop)]
+        cut = client.chat.completions.create(model=model, messages=messages, stop=[stop], extra_body=IGNORE_EOS, **GREEDY)
+        assert cut.choices[0].finish_reason == "stop", cut
+        assert cut.choices[0].message.content == expected, (cut.choices[0].message.content, expected, stop)
+        streamed = client.chat.completions.create(
+            model=model, messages=messages, stop=stop, stream=True, extra_body=IGNORE_EOS, **GREEDY
+        )
+        pieces, finish = [], None
+        for chunk in streamed:
+            if chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "stop" and "".join(pieces) == expected, ("".join(pieces), expected, finish)
         out[variant] = {
             "text": choice.message.content,
             "tokens": [e.token for e in choice.logprobs.content],
@@ -282,12 +298,55 @@ def scenario_strict(client, args):
     return seen
 
 
+def scenario_drain(client, args):
+    """SIGTERM while a stream runs: the stream still finishes; new requests are turned away."""
+    import os
+    import signal
+
+    stream = client.chat.completions.create(
+        model=args.model,
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        stream=True,
+        max_tokens=200,
+        temperature=0,
+        stream_options={"include_usage": True},
+        extra_body=IGNORE_EOS,
+    )
+    signalled, finish, usage = False, None, None
+    for chunk in stream:
+        if not signalled:
+            os.kill(args.server_pid, signal.SIGTERM)
+            signalled = True
+            # The signal is handled asynchronously: poll until new requests are turned away.
+            deadline = time.time() + 20
+            refused = "served"
+            while refused == "served" and time.time() < deadline:
+                try:
+                    client.chat.completions.create(
+                        model=args.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+                    )
+                    time.sleep(0.05)
+                except openai.APIConnectionError:
+                    refused = "connection refused"
+                except openai.APIStatusError as e:
+                    assert e.status_code == 503, e
+                    refused = "503"
+        if chunk.usage is not None:
+            usage = chunk.usage
+        elif chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "length" and usage.completion_tokens == 200, (finish, usage)
+    assert refused != "served", refused
+    return {"finish": finish, "completion_tokens": usage.completion_tokens, "new_request": refused}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--fixture", type=Path, required=True)
     parser.add_argument("--model", default="qwen2_vl")
+    parser.add_argument("--server-pid", type=int)
     args = parser.parse_args()
     client = openai.OpenAI(base_url=args.base_url, api_key="unused", timeout=300, max_retries=0)
     result = globals()["scenario_" + args.scenario](client, args)
