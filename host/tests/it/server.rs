@@ -148,9 +148,8 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     let server = Server::start(&["--allow-unqualified", "--slots", "4"]);
     let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
 
-    // Whole and streamed: each golden variant's 16 greedy tokens, token by token.
-    let got = server.scenario("golden");
-    for variant in ["text_only", "image", "two_images"] {
+    // The golden greedy tokens as the server names them (each token decoded alone) and as text.
+    let expected = |variant: &str| {
         let golden = golden(variant);
         let ids: Vec<u32> = golden["greedy_tokens"]
             .as_array()
@@ -159,15 +158,25 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
             .map(|t| t.as_u64().expect("id") as u32)
             .collect();
         let tokens: Vec<String> = ids.iter().map(|&id| tokenizer.decode(&[id], false).expect("decode")).collect();
-        let text = tokenizer.decode(&ids, true).expect("decode");
-        assert_eq!(got[variant]["tokens"], serde_json::json!(tokens), "{variant}: tokens");
+        (golden, serde_json::json!(tokens), tokenizer.decode(&ids, true).expect("decode"))
+    };
+
+    // Whole and streamed: each golden variant's 16 greedy tokens, token by token.
+    let got = server.scenario("golden");
+    for variant in ["text_only", "image", "two_images"] {
+        let (golden, tokens, text) = expected(variant);
+        assert_eq!(got[variant]["tokens"], tokens, "{variant}: tokens");
         assert_eq!(got[variant]["text"], serde_json::json!(text), "{variant}: text");
         assert_eq!(got[variant]["prompt_tokens"], golden["n_prompt_tokens"], "{variant}: prompt tokens");
     }
 
-    // Eight mixed requests at once equal each alone (asserted by the script too).
+    // Eight mixed requests at once equal each alone (asserted by the script too), and the two
+    // golden image variants among them still give the golden tokens.
     let got = server.scenario("concurrent");
     assert_eq!(got["alone"], got["together"]);
+    for variant in ["image", "two_images"] {
+        assert_eq!(got["goldens_batched"][variant], expected(variant).1, "{variant} in a mixed batch: tokens");
+    }
 
     let got = server.scenario("cancel");
     assert_eq!(got["chunks_read"], 3, "{got}");

@@ -117,12 +117,18 @@ def scenario_models(client, args):
 
 
 def mixed_requests(args):
-    """Eight requests: text and image, greedy and seeded sampling."""
+    """Eight requests: text and image, greedy and seeded sampling, two of them golden variants."""
     wide = data_url(args.fixture / "inputs" / "wide.png")
     images = sorted((args.fixture / "inputs").glob("*.png"))
     other = data_url(images[-1])
     requests = []
     for i in range(8):
+        if i in (3, 6):
+            variant = "image" if i == 3 else "two_images"
+            golden = json.loads((args.fixture / "goldens" / f"{variant}.json").read_text())
+            params = {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY}
+            requests.append((variant, golden_messages(args.fixture, golden), params))
+            continue
         if i % 2 == 0:
             content = f"Count to {i + 3}, please."
         else:
@@ -133,25 +139,28 @@ def mixed_requests(args):
             params.update(temperature=0.8, top_p=0.9, seed=1000 + i)
         else:
             params.update(temperature=0)
-        requests.append(({"role": "user", "content": content}, params))
+        requests.append((None, [{"role": "user", "content": content}], params))
     return requests
 
 
 def scenario_concurrent(client, args):
-    """Each of 8 mixed requests alone, then all 8 at once: the same text for each."""
+    """Each of 8 mixed requests alone, then all 8 at once: the same text for each; the golden
+    variants' tokens are returned for the caller to check."""
     requests = mixed_requests(args)
 
     def run(request):
-        message, params = request
-        r = client.chat.completions.create(model=args.model, messages=[message], **params)
-        return r.choices[0].message.content, r.usage.completion_tokens
+        _, messages, params = request
+        r = client.chat.completions.create(model=args.model, messages=messages, **params)
+        tokens = [e.token for e in r.choices[0].logprobs.content] if r.choices[0].logprobs else None
+        return r.choices[0].message.content, r.usage.completion_tokens, tokens
 
     alone = [run(r) for r in requests]
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         together = list(pool.map(run, requests))
     for i, (a, t) in enumerate(zip(alone, together)):
         assert a == t, f"request {i}: alone {a!r}, batched {t!r}"
-    return {"alone": alone, "together": together}
+    goldens = {variant: together[i][2] for i, (variant, _, _) in enumerate(requests) if variant}
+    return {"alone": alone, "together": together, "goldens_batched": goldens}
 
 
 def metric(base, name):
