@@ -1,0 +1,1 @@
+//! The gemma3 family plugin (in progress).

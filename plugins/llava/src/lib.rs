@@ -1,0 +1,1 @@
+//! The llava family plugin (in progress).
