@@ -12,8 +12,8 @@ use mlxcel_family_common::Image;
 use mlxcel_host::decoder::{Decoder, Extras, Positions};
 use mlxcel_plugin_api::{
     Capability, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
-    ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PluginSet, Positions as Laid,
-    PrefillContract, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
+    ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, Placement, PluginSet,
+    Positions as Laid, PrefillContract, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
 };
 use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
 
@@ -167,30 +167,39 @@ impl<'a> MediaRequest<'a> {
     ) -> Result<(HostTensor, Positions, Extras)> {
         let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
         let contract = self.plugin.prefill_contract(&self.config, &request)?;
-        if !contract.injections.is_empty() {
-            bail!("the {} plugin asks for per-layer injections, which generate does not place yet", self.plugin.name());
-        }
-        let text = decoder.embed(ids).context("embedding the prompt")?;
-        let mut features = Vec::new();
-        for placement in contract.placements.iter() {
+        contract_input(decoder, ids, &contract, self.plugin.name(), |placement| {
             let index = placement.item as usize;
             let item = self
                 .items
                 .get(index)
                 .with_context(|| format!("the contract places item {index}, which the request does not have"))?;
-            let rows = encoders.encode(
-                self.plugin,
-                &self.config,
-                Modality::Image,
-                item,
-                Some(placement.encoder_output.as_str()),
-            )?;
-            features.push(rows);
-        }
-        let embeddings = merge(&text, &contract, &features)?;
-        let extras = Extras { bidirectional: bidirectional(&contract)?, injections: Vec::new() };
-        Ok((embeddings, positions(&contract.positions, ids.len())?, extras))
+            encoders.encode(self.plugin, &self.config, Modality::Image, item, Some(placement.encoder_output.as_str()))
+        })
     }
+}
+
+/// The prefill input of `ids` under `plugin`'s contract: the text embeddings merged with the
+/// rows `features` returns for each placement (asked in the contract's order), the contract's
+/// positions, and its mask as extras. [`MediaRequest::prefill_input`] and `plugins verify` both
+/// build their prefill here.
+pub(crate) fn contract_input(
+    decoder: &mut Decoder,
+    ids: &[u32],
+    contract: &PrefillContract,
+    plugin: &str,
+    mut features: impl FnMut(&Placement) -> Result<Vec<f32>>,
+) -> Result<(HostTensor, Positions, Extras)> {
+    if !contract.injections.is_empty() {
+        bail!("the {plugin} plugin asks for per-layer injections, which generate does not place yet");
+    }
+    let text = decoder.embed(ids).context("embedding the prompt")?;
+    let mut rows = Vec::new();
+    for placement in contract.placements.iter() {
+        rows.push(features(placement)?);
+    }
+    let embeddings = merge(&text, contract, &rows)?;
+    let extras = Extras { bidirectional: bidirectional(contract)?, injections: Vec::new() };
+    Ok((embeddings, positions(&contract.positions, ids.len())?, extras))
 }
 
 /// `processor_config.json` (or `preprocessor_config.json`) of a checkpoint, empty when absent.

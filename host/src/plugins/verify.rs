@@ -8,7 +8,14 @@
 //!   `input_ids`, token by token), `encoder` (the plugin's StableHLO compiled and run by the
 //!   host's stack on the fixture checkpoint against `image_features` / `audio_features`),
 //!   `positions` and `mask` (the prefill contract for the golden `input_ids` against
-//!   `position_ids` and `attention_mask.full_attention`).
+//!   `position_ids` and `attention_mask.full_attention`), then the decoder:
+//!   `embeddings` (the prefill input built as `generate` and `serve` build it, text embeddings
+//!   merged with the encoder rows where the contract places them, against `inputs_embeds`),
+//!   `logits` (the checkpoint's decoder prefilled from those embeddings at the contract's
+//!   positions, against `logits`, then fed the golden greedy tokens one by one so each step
+//!   stays comparable after a divergence, against `decode_logits`) and `tokens` (the argmax of
+//!   each of those steps against `greedy_tokens`). Variants without media take the same path
+//!   with no placements.
 //!
 //! Stages the goldens do not cover are skipped and say so. Comparisons go through
 //! `mlxcel_golden`, so a failure names the first divergent coordinate; the tolerances are the
@@ -20,16 +27,22 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use mlxcel_golden::{Fixture, Golden, Report, Tolerance};
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions};
 use mlxcel_plugin_api::conformance::tolerance;
 use mlxcel_plugin_api::{
     CheckpointIndex, ContractRequest, DType, ItemMeta, LayoutRequest, LoadedPlugin, Manifest, Modality, ModelConfig,
     PluginSet, Positions, PrefillContract, Preprocessed, RVec, Tensor, TensorSpec, load_plugin, scan,
 };
-use mlxcel_shim::Checkpoint;
+use mlxcel_shim::{CacheOutcome, Checkpoint, CompileCache, Compiler, Device, Driver, Target};
 
 use super::tokens::Pieces;
 use crate::exec::DeviceArgs;
-use crate::multimodal::{Encoders, preprocess, processor_json, read_text};
+use crate::multimodal::{Encoders, contract_input, preprocess, processor_json, read_text};
+
+/// The prefill chunk of the decoder bundle verify compiles.
+const CHUNK: usize = 32;
+/// Greedy steps checked when a golden does not say (the oracle records 16).
+const GREEDY_STEPS: usize = 16;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct VerifyArgs {
@@ -122,22 +135,22 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
     if variants.is_empty() {
         bail!("{} has no goldens (goldens/<variant>.safetensors)", dir.display());
     }
+    let goldens = variants.iter().map(|v| fixture.golden(v)).collect::<Result<Vec<Golden>, _>>()?;
 
     let (config_stage, config) = parse_config(plugin, &config_json, &processor_json);
     println!("  {config_stage}");
     let Some(config) = config else {
         bail!("verify failed at stage config: {}", failure_text(&config_stage));
     };
-    let mut kit = Kit::new(plugin, &fixture, config, &args.device);
+    let mut kit = Kit::new(plugin, &fixture, config, &args.device, capacity(&goldens));
     let mut results: Vec<(String, Stage)> = vec![("(fixture)".to_owned(), config_stage)];
     let checkpoint_stage = kit.checkpoint_stage();
     println!("  {checkpoint_stage}");
     results.push(("(fixture)".to_owned(), checkpoint_stage));
 
-    for variant in &variants {
+    for (variant, golden) in variants.iter().zip(&goldens) {
         println!("variant {variant}:");
-        let golden = fixture.golden(variant)?;
-        for stage in kit.variant(&golden) {
+        for stage in kit.variant(golden) {
             println!("  {stage}");
             results.push((variant.clone(), stage));
         }
@@ -167,7 +180,28 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
     for (name, diff) in worst {
         println!("  {name} = {diff:e}");
     }
+    if !kit.greedy.is_empty() {
+        println!("greedy tokens matched per variant, for the manifest's evidence:");
+        for (variant, matched, total) in &kit.greedy {
+            println!("  {variant} = {matched}/{total}");
+        }
+    }
     Ok(())
+}
+
+/// A context capacity for every variant's prompt and its greedy steps, in whole chunks, so one
+/// bundle serves the whole run.
+fn capacity(goldens: &[Golden]) -> usize {
+    let rows = goldens
+        .iter()
+        .map(|g| {
+            let prompt = g.tensor("input_ids").map_or(0, |t| t.len());
+            let steps = g.tensor("greedy_tokens").map_or(GREEDY_STEPS, |t| t.len());
+            prompt + steps
+        })
+        .max()
+        .unwrap_or(0);
+    rows.div_ceil(CHUNK).max(1) * CHUNK
 }
 
 fn failure_text(stage: &Stage) -> &str {
@@ -258,14 +292,57 @@ struct Kit<'a> {
     plugin: &'a LoadedPlugin,
     fixture: &'a Fixture,
     config: ModelConfig,
+    device_args: &'a DeviceArgs,
     encoders: Encoders<'a>,
     pieces: Option<Result<Pieces, String>>,
+    /// The checkpoint's decoder, compiled on first use and kept for every variant.
+    decoder: Option<Result<Decoder, String>>,
+    /// The decoder's context capacity.
+    capacity: usize,
+    /// Per variant whose `tokens` stage ran: greedy tokens matched and compared.
+    greedy: Vec<(String, usize, usize)>,
+}
+
+/// The prefill and teacher-forced decode of one variant.
+struct Trajectory {
+    /// The merged prefill embeddings, `[n, hidden]`.
+    embeddings: Vec<f32>,
+    /// The prefill's logits, `[n, vocab]`.
+    prefill: Vec<f32>,
+    vocab: usize,
+    /// Logits each greedy token is picked from: the prefill's last row, then one per decode
+    /// step fed the golden's previous token.
+    steps: Vec<Vec<f32>>,
+}
+
+/// Where a trajectory stopped, and the stage it fails.
+enum Stopped {
+    /// Before the prefill: the decoder or the merged embeddings.
+    Embeddings(String),
+    /// In the prefill or a decode step, after the embeddings were built.
+    Logits(Vec<f32>, String),
 }
 
 impl<'a> Kit<'a> {
-    fn new(plugin: &'a LoadedPlugin, fixture: &'a Fixture, config: ModelConfig, device_args: &'a DeviceArgs) -> Self {
+    fn new(
+        plugin: &'a LoadedPlugin,
+        fixture: &'a Fixture,
+        config: ModelConfig,
+        device_args: &'a DeviceArgs,
+        capacity: usize,
+    ) -> Self {
         let encoders = Encoders::new(fixture.dir(), device_args);
-        Self { plugin, fixture, config, encoders, pieces: None }
+        Self {
+            plugin,
+            fixture,
+            config,
+            device_args,
+            encoders,
+            pieces: None,
+            decoder: None,
+            capacity,
+            greedy: Vec::new(),
+        }
     }
 
     /// `check_checkpoint` over the fixture's tensor index.
@@ -353,7 +430,127 @@ impl<'a> Kit<'a> {
         };
         stages.push(stage("positions", positions));
         stages.push(stage("mask", mask));
+        stages.extend(self.decoder_stages(golden, &media, &items, contract.as_ref()));
         stages
+    }
+
+    /// `embeddings`, `logits` and `tokens`: the golden prompt through the checkpoint's decoder
+    /// as `generate` and `serve` prefill it, then the golden greedy tokens fed back one by one.
+    fn decoder_stages(
+        &mut self,
+        golden: &Golden,
+        media: &[Media],
+        items: &[Preprocessed],
+        contract: Option<&Result<PrefillContract, String>>,
+    ) -> Vec<Stage> {
+        let missing = |key: &str| Outcome::Skipped(format!("the goldens have no `{key}`"));
+        let no_logits = || Outcome::Skipped("the goldens have neither `logits` nor `decode_logits`".to_owned());
+        let has_logits = golden.has("logits") || golden.has("decode_logits");
+        let has_tokens = golden.has("greedy_tokens");
+        if !golden.has("inputs_embeds") && !has_logits && !has_tokens {
+            return vec![
+                stage("embeddings", missing("inputs_embeds")),
+                stage("logits", no_logits()),
+                stage("tokens", missing("greedy_tokens")),
+            ];
+        }
+        let all = |why: &str| {
+            ["embeddings", "logits", "tokens"].map(|name| stage(name, Outcome::Skipped(why.to_owned()))).into()
+        };
+        let contract = match contract {
+            None => return all("needs the preprocess stage's grids"),
+            Some(Err(_)) => return all("needs the prefill contract, which failed above"),
+            Some(Ok(contract)) => contract,
+        };
+        let greedy = golden.greedy_tokens().ok();
+        let steps = greedy.as_ref().map_or(1, Vec::len);
+        let trajectory = match self.trajectory(golden, media, items, contract, greedy.as_deref(), steps) {
+            Ok(trajectory) => trajectory,
+            Err(Stopped::Embeddings(why)) => {
+                return vec![
+                    stage("embeddings", Outcome::Failed(why)),
+                    stage("logits", Outcome::Skipped("needs the merged embeddings".to_owned())),
+                    stage("tokens", Outcome::Skipped("needs the merged embeddings".to_owned())),
+                ];
+            }
+            Err(Stopped::Logits(embeddings, why)) => {
+                return vec![
+                    stage("embeddings", compare_embeddings(golden, &embeddings)),
+                    stage("logits", Outcome::Failed(why)),
+                    stage("tokens", Outcome::Skipped("needs the logits".to_owned())),
+                ];
+            }
+        };
+
+        let logits = if has_logits { compare_logits(golden, &trajectory, greedy.is_some()) } else { no_logits() };
+        let tokens = match &greedy {
+            None => missing("greedy_tokens"),
+            Some(want) => {
+                let (matched, outcome) = compare_tokens(want, &trajectory.steps);
+                self.greedy.push((golden.variant().to_owned(), matched, want.len()));
+                outcome
+            }
+        };
+        vec![
+            stage("embeddings", compare_embeddings(golden, &trajectory.embeddings)),
+            stage("logits", logits),
+            stage("tokens", tokens),
+        ]
+    }
+
+    /// Builds the prefill input for the golden `input_ids`, prefills the decoder's one slot with
+    /// it, and decodes `steps - 1` tokens fed from `greedy`; the slot is released after.
+    fn trajectory(
+        &mut self,
+        golden: &Golden,
+        media: &[Media],
+        items: &[Preprocessed],
+        contract: &PrefillContract,
+        greedy: Option<&[i64]>,
+        steps: usize,
+    ) -> Result<Trajectory, Stopped> {
+        let ids = golden_ids(golden).map_err(Stopped::Embeddings)?;
+        let capacity = self.capacity;
+        let device_args = self.device_args;
+        let decoder = self
+            .decoder
+            .get_or_insert_with(|| {
+                load_decoder(self.fixture.dir(), device_args, capacity).map_err(|e| format!("{e:#}"))
+            })
+            .as_mut()
+            .map_err(|e| Stopped::Embeddings(format!("loading the decoder: {e}")))?;
+        let (plugin, config, encoders) = (self.plugin, &self.config, &mut self.encoders);
+        let input = contract_input(decoder, &ids, contract, plugin.name(), |placement| {
+            let index = placement.item as usize;
+            let (item, media) = items
+                .get(index)
+                .zip(media.get(index))
+                .with_context(|| format!("the contract places item {index}, which the variant does not have"))?;
+            encoders.encode(plugin, config, media.modality, item, Some(placement.encoder_output.as_str()))
+        });
+        let (embeddings, positions, extras) = input.map_err(|e| Stopped::Embeddings(format!("{e:#}")))?;
+        let values: Vec<f32> = embeddings.to_vec().map_err(|e| Stopped::Embeddings(format!("{e:#}")))?;
+
+        let slot = 0;
+        let vocab = decoder.config().vocab;
+        let run = (|| -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+            decoder.release(slot)?;
+            let prefill = decoder.prefill_embeddings(slot, &embeddings, &positions, &extras).context("prefill")?;
+            let last = prefill.len().checked_sub(vocab).context("the prefill returned no logits")?;
+            let mut rows = vec![prefill[last..].to_vec()];
+            for (step, &token) in greedy.unwrap_or_default().iter().take(steps.saturating_sub(1)).enumerate() {
+                let token =
+                    u32::try_from(token).with_context(|| format!("golden greedy token {token} does not fit u32"))?;
+                let mut logits =
+                    decoder.decode(&[(slot, token)]).with_context(|| format!("decode step {}", step + 1))?;
+                rows.push(logits.pop().context("the decoder returned no logits")?);
+            }
+            Ok((prefill, rows))
+        })();
+        let released = decoder.release(slot);
+        let (prefill, steps) = run.map_err(|e| Stopped::Logits(values.clone(), format!("{e:#}")))?;
+        released.map_err(|e| Stopped::Logits(values.clone(), e.to_string()))?;
+        Ok(Trajectory { embeddings: values, prefill, vocab, steps })
     }
 
     /// The variant's images (`images`) and audio clips (`audio`), read from the fixture.
@@ -474,6 +671,102 @@ impl<'a> Kit<'a> {
     fn encode(&mut self, modality: Modality, item: &Preprocessed, output: Option<&str>) -> Result<Vec<f32>> {
         self.encoders.encode(self.plugin, &self.config, modality, item, output)
     }
+}
+
+/// Compiles (through the compile cache) and loads the checkpoint's decoder with one slot.
+fn load_decoder(checkpoint: &Path, device_args: &DeviceArgs, capacity: usize) -> Result<Decoder> {
+    let started = std::time::Instant::now();
+    let compiler = Compiler::locate()?;
+    let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
+    let driver: Driver = device_args.driver.parse()?;
+    let device = Device::new(driver)?;
+    let options = DecoderOptions {
+        shape: BundleShape { chunk: CHUNK, capacity, slots: 1 },
+        target: Target::Cpu { cpu: device_args.target_cpu.clone() },
+        ..DecoderOptions::default()
+    };
+    let decoder = Decoder::load(checkpoint, options, &device, &compiler, &cache)?;
+    let how = match decoder.cache_outcome() {
+        CacheOutcome::Hit => "from the compile cache",
+        CacheOutcome::Compiled { .. } => "compiled",
+    };
+    eprintln!(
+        "decoder: {how} in {:.2} s (capacity {capacity}, chunk {CHUNK}, one slot, cache {})",
+        started.elapsed().as_secs_f64(),
+        cache.dir().display()
+    );
+    Ok(decoder)
+}
+
+/// The golden `input_ids` as decoder token ids.
+fn golden_ids(golden: &Golden) -> Result<Vec<u32>, String> {
+    let ids = golden.input_ids().map_err(|e| e.to_string())?;
+    ids.iter().map(|&id| u32::try_from(id).map_err(|_| format!("golden token id {id} does not fit u32"))).collect()
+}
+
+/// The merged prefill embeddings against `inputs_embeds`.
+fn compare_embeddings(golden: &Golden, embeddings: &[f32]) -> Outcome {
+    let key = "inputs_embeds";
+    if !golden.has(key) {
+        return Outcome::Skipped(format!("the goldens have no `{key}`"));
+    }
+    let tol = Tolerance::abs(tolerance("embeddings"));
+    compared(golden.check_f32(key, embeddings, tol), format!("`{key}`"))
+}
+
+/// Every prefill row against `logits`, and the teacher-forced steps against `decode_logits`;
+/// a pass names each one's max-abs-diff.
+fn compare_logits(golden: &Golden, trajectory: &Trajectory, forced: bool) -> Outcome {
+    let tol = Tolerance::abs(tolerance("logits"));
+    let each = |result: Result<Report, mlxcel_golden::Error>, what: String| match result {
+        Ok(report) => {
+            let detail = format!("{what} {:.3e}", report.max_abs_diff);
+            Outcome::Passed { max_abs_diff: report.max_abs_diff, tolerance: report.tolerance.abs, detail }
+        }
+        Err(e) => Outcome::Failed(e.to_string()),
+    };
+    let mut outcomes = Vec::new();
+    if golden.has("logits") {
+        let what = format!("prefill `logits` ({} rows)", trajectory.prefill.len() / trajectory.vocab.max(1));
+        outcomes.push(each(golden.check_f32("logits", &trajectory.prefill, tol), what));
+    }
+    if golden.has("decode_logits") {
+        outcomes.push(if forced {
+            let steps: Vec<f32> = trajectory.steps.concat();
+            let what = format!("`decode_logits` ({} steps)", trajectory.steps.len());
+            each(golden.check_f32("decode_logits", &steps, tol), what)
+        } else {
+            Outcome::Skipped("`decode_logits` needs the golden `greedy_tokens` to feed back".to_owned())
+        });
+    }
+    merge(outcomes)
+}
+
+/// The argmax of each step (the first of equal maxima, as `torch.argmax`) against the golden
+/// greedy tokens; with the golden tokens fed back, the tokens before the first difference are
+/// those a greedy decode would share with the reference. Returns that count.
+fn compare_tokens(want: &[i64], steps: &[Vec<f32>]) -> (usize, Outcome) {
+    let got: Vec<i64> = steps.iter().map(|row| argmax(row) as i64).collect();
+    let total = want.len();
+    let matched = got.iter().zip(want).take_while(|(g, w)| g == w).count();
+    let outcome = match (got.get(matched), want.get(matched)) {
+        _ if got.len() != total => Outcome::Failed(format!("{} steps ran for {total} golden tokens", got.len())),
+        (Some(token), Some(golden)) => {
+            Outcome::Failed(format!("{matched}/{total}: token {matched} is {token} where the golden has {golden}"))
+        }
+        _ => Outcome::Checked(format!("{matched}/{total}")),
+    };
+    (matched, outcome)
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (index, &value) in row.iter().enumerate() {
+        if value > row[best] {
+            best = index;
+        }
+    }
+    best
 }
 
 /// Outcomes of one stage over several modalities: the first failure, else the passes
@@ -648,5 +941,20 @@ mod tests {
         assert!(short.starts_with("token 2 of 4: the golden has id 7 \"<img>\""), "{short}");
         let long = match_tokens(b"a<img><img> b a", &[0, 7, 7, 1], &pieces).expect_err("text left over");
         assert!(long.contains("continues after the golden's 4 tokens"), "{long}");
+    }
+
+    #[test]
+    fn greedy_tokens_count_the_steps_before_the_first_difference() {
+        let steps = [vec![0.0, 2.0, 1.0], vec![3.0, 3.0, 1.0], vec![0.0, 0.0, 5.0]];
+        let (matched, outcome) = compare_tokens(&[1, 0, 2], &steps);
+        assert_eq!(matched, 3);
+        assert_eq!(stage("tokens", outcome).to_string(), "tokens       ok       3/3");
+        let (matched, outcome) = compare_tokens(&[1, 1, 2], &steps);
+        assert_eq!(matched, 1);
+        let line = stage("tokens", outcome).to_string();
+        assert_eq!(line, "tokens       FAILED   1/3: token 1 is 0 where the golden has 1");
+        let (matched, outcome) = compare_tokens(&[1, 0, 2, 2], &steps);
+        assert_eq!(matched, 3);
+        assert!(matches!(outcome, Outcome::Failed(why) if why == "3 steps ran for 4 golden tokens"));
     }
 }
