@@ -15,8 +15,6 @@ cargo build --release --locked -q -p mlxcel-host
 plugins="$("$root/tools/build-plugins.sh" 2>/dev/null)"
 export MLXCEL_PLUGINS="${MLXCEL_PLUGINS:-$plugins}"
 if [ $# -eq 0 ]; then
-  # The fixture's image capabilities are experimental (not yet qualified), so
-  # they are served only on request, as here.
-  set -- serve --model "$root/tests/fixtures/qwen2_vl" --context 512 --chunk 32 --allow-unqualified
+  set -- serve --model "$root/tests/fixtures/qwen2_vl" --context 512 --chunk 32
 fi
 exec "$root/target/release/mlxcel-host" "$@"

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use crate::qwen2_vl::built_plugins;
+use crate::qwen2_vl::{built_plugins, experimental_copy};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
@@ -22,14 +22,29 @@ fn plugins() -> &'static Path {
     })
 }
 
-/// `generate` on the qwen2_vl fixture with these images and flags.
+/// The in-tree plugins with qwen2_vl's capabilities marked experimental.
+fn experimental_plugins() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("generate-image-plugins-experimental");
+        let _ = std::fs::remove_dir_all(&dir);
+        experimental_copy(plugins(), &dir);
+        dir
+    })
+}
+
+/// `generate` on a fixture with these images and flags.
 fn generate(model: &Path, images: &[PathBuf], prompt: &str, extra: &[&str]) -> Output {
+    generate_in(plugins(), model, images, prompt, extra)
+}
+
+fn generate_in(plugin_dir: &Path, model: &Path, images: &[PathBuf], prompt: &str, extra: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"));
     command.arg("generate").arg("--model").arg(model).args(["--prompt", prompt]);
     for image in images {
         command.arg("--image").arg(image);
     }
-    command.arg("--plugins").arg(plugins());
+    command.arg("--plugins").arg(plugin_dir);
     command.args(["--capacity", "128", "--chunk", "32", "--max-tokens", "16", "--ignore-eos", "--json"]);
     command.args(extra).env_remove("MLXCEL_PLUGINS").output().expect("the binary runs")
 }
@@ -49,7 +64,8 @@ fn image_prompts_give_the_golden_greedy_tokens() {
             golden["images"].as_array().expect("images").iter().map(|p| dir.join(p.as_str().expect("path"))).collect();
         let parts = golden["messages"][0]["content"].as_array().expect("parts");
         let text = parts.iter().find(|p| p["type"] == "text").and_then(|p| p["text"].as_str()).expect("text part");
-        let out = generate(&dir, &images, text, &["--allow-unqualified"]);
+        // Qualified capabilities are served without --allow-unqualified.
+        let out = generate(&dir, &images, text, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{variant}: {stderr}");
         let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one json object on stdout");
@@ -68,11 +84,12 @@ fn refused(out: &Output) -> String {
 #[test]
 fn an_experimental_capability_is_refused_without_the_flag() {
     let dir = fixture("qwen2_vl");
-    let stderr = refused(&generate(&dir, &[dir.join("inputs/wide.png")], "Describe this image.", &[]));
+    let plugins = experimental_plugins();
+    let stderr = refused(&generate_in(plugins, &dir, &[dir.join("inputs/wide.png")], "Describe this image.", &[]));
     assert!(stderr.contains("capability `image` of plugin `qwen2-vl` is experimental"), "{stderr}");
     assert!(stderr.contains("--allow-unqualified"), "{stderr}");
     let two = [dir.join("inputs/wide.png"), dir.join("inputs/tall.png")];
-    let stderr = refused(&generate(&dir, &two, "Compare.", &[]));
+    let stderr = refused(&generate_in(plugins, &dir, &two, "Compare.", &[]));
     assert!(stderr.contains("--allow-unqualified"), "{stderr}");
 }
 

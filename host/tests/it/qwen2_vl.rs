@@ -48,6 +48,23 @@ fn section<'a>(out: &'a str, variant: &str) -> &'a str {
     section.split("variant ").next().unwrap_or(section)
 }
 
+/// A copy of a built plugin directory whose qwen2_vl manifest marks every qualified capability
+/// `experimental` again: the gate's refusal, tested without depending on a real manifest's status.
+pub(crate) fn experimental_copy(built: &Path, out: &Path) {
+    std::fs::create_dir_all(out).expect("create the copy");
+    for entry in std::fs::read_dir(built).expect("read the plugin dir") {
+        let path = entry.expect("entry").path();
+        let target = out.join(path.file_name().expect("file name"));
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).expect("manifest");
+            let text = text.replace("status = \"qualified\"", "status = \"experimental\"");
+            std::fs::write(target, text).expect("write the manifest");
+        } else {
+            std::fs::copy(&path, target).expect("copy the library");
+        }
+    }
+}
+
 #[test]
 fn verify_passes_the_qwen2_vl_fixture_at_every_stage() {
     let temp = tempfile::tempdir().expect("temp dir");

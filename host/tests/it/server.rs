@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use mlxcel_host::text::Tokenizer;
 
-use crate::qwen2_vl::built_plugins;
+use crate::qwen2_vl::{built_plugins, experimental_copy};
 
 fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace")
@@ -47,12 +47,16 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_with(plugins(), extra)
+    }
+
+    fn start_with(plugin_dir: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
             .arg("serve")
             .arg("--model")
             .arg(fixture())
             .arg("--plugins")
-            .arg(plugins())
+            .arg(plugin_dir)
             .args(["--port", "0", "--context", "256", "--chunk", "32"])
             .args(extra)
             .env_remove("MLXCEL_PLUGINS")
@@ -145,7 +149,8 @@ fn golden(variant: &str) -> serde_json::Value {
 
 #[test]
 fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are_refused() {
-    let server = Server::start(&["--allow-unqualified", "--slots", "4"]);
+    // Qwen2-VL's image capabilities are qualified: served without --allow-unqualified.
+    let server = Server::start(&["--slots", "4"]);
     let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
 
     // The golden greedy tokens as the server names them (each token decoded alone) and as text.
@@ -203,7 +208,10 @@ fn shutdown_lets_a_running_stream_finish_and_turns_new_requests_away() {
 
 #[test]
 fn experimental_capabilities_are_refused_by_default_and_a_full_queue_answers_429() {
-    let server = Server::start(&["--slots", "1", "--queue", "1"]);
+    let experimental = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server-plugins-experimental");
+    let _ = std::fs::remove_dir_all(&experimental);
+    experimental_copy(plugins(), &experimental);
+    let server = Server::start_with(&experimental, &["--slots", "1", "--queue", "1"]);
     let got = server.scenario("strict");
     assert!(got["unqualified"].as_str().unwrap_or_default().contains("--allow-unqualified"), "{got}");
 }
