@@ -110,6 +110,9 @@ impl Func {
     pub fn neg(&mut self, x: &Value) -> Value {
         self.unary("negate", x)
     }
+    pub fn abs(&mut self, x: &Value) -> Value {
+        self.unary("abs", x)
+    }
 
     fn binary(&mut self, op: &str, a: &Value, b: &Value) -> Value {
         if a.ty != b.ty {

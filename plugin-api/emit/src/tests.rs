@@ -173,3 +173,100 @@ fn bf16_silu_rounds_once() {
         ]
     );
 }
+
+/// Renders one contract activation on a bf16 `[4]` argument.
+fn bf16_activation(act: impl Fn(&NumericContract, &mut crate::Func, &crate::Value) -> crate::Value) -> String {
+    let mut m = Module::new("m");
+    let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[4])]);
+    let y = act(&NumericContract::bf16(), &mut f, &a[0]);
+    m.add_func(f, &[y]);
+    m.finish().expect("valid")
+}
+
+/// Mutation-sensitive: exact GELU widens, evaluates erf by Abramowitz and Stegun 7.1.26
+/// (`1 - (r t) exp(-z^2)`, `r` by Horner), and rounds once.
+#[test]
+fn bf16_gelu_erf_follows_torchs_polynomial_and_rounds_once() {
+    let text = bf16_activation(NumericContract::gelu_erf);
+    let horner = ["stablehlo.multiply", "stablehlo.constant", "stablehlo.add"];
+    let mut want = vec![
+        "stablehlo.convert",
+        "stablehlo.constant",
+        "stablehlo.multiply",
+        "stablehlo.abs",
+        "stablehlo.constant",
+        "stablehlo.constant",
+        "stablehlo.multiply",
+        "stablehlo.add",
+        "stablehlo.divide",
+        "stablehlo.constant",
+    ];
+    for _ in 0..4 {
+        want.extend(horner);
+    }
+    want.extend([
+        "stablehlo.multiply",
+        "stablehlo.multiply",
+        "stablehlo.negate",
+        "stablehlo.exponential",
+        "stablehlo.multiply",
+        "stablehlo.subtract",
+        "stablehlo.constant",
+        "stablehlo.compare",
+        "stablehlo.negate",
+        "stablehlo.select",
+        "stablehlo.constant",
+        "stablehlo.multiply",
+        "stablehlo.constant",
+        "stablehlo.add",
+        "stablehlo.multiply",
+        "stablehlo.convert",
+    ]);
+    assert_eq!(op_names(&text), want, "{text}");
+    // Each coefficient in Horner order, then 1/sqrt(2) scaling the input, all in f32.
+    let literal = |v: f64| format!("dense<{v:.17e}> : tensor<4xf32>");
+    let mut at = 0;
+    for v in crate::contract::ERF_A {
+        let found = text[at..].find(&literal(v)).unwrap_or_else(|| panic!("{v} after byte {at}: {text}"));
+        at += found;
+    }
+    assert!(text.contains(&literal(crate::contract::ERF_P)), "{text}");
+    assert!(text.contains(&literal(std::f64::consts::FRAC_1_SQRT_2)), "{text}");
+    assert!(text.contains("stablehlo.compare LT"), "the sign comes from z < 0: {text}");
+    assert!(text.contains("(tensor<4xf32>) -> tensor<4xbf16>"), "rounds to bf16: {text}");
+}
+
+/// Mutation-sensitive: quick GELU is `x * (1 / (1 + exp(-1.702 x)))` in f32, rounded once.
+#[test]
+fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
+    let text = bf16_activation(NumericContract::quick_gelu);
+    assert_eq!(
+        op_names(&text),
+        [
+            "stablehlo.convert",
+            "stablehlo.constant",
+            "stablehlo.multiply",
+            "stablehlo.negate",
+            "stablehlo.exponential",
+            "stablehlo.constant",
+            "stablehlo.add",
+            "stablehlo.divide",
+            "stablehlo.multiply",
+            "stablehlo.convert"
+        ],
+        "{text}"
+    );
+    assert!(text.contains(&format!("dense<{:.17e}> : tensor<4xf32>", 1.702)), "{text}");
+    // The divide is 1 / (1 + e), not e / (1 + e) or x / (1 + e).
+    let lines: Vec<&str> = text.lines().collect();
+    let divide = lines.iter().find(|l| l.contains("stablehlo.divide")).expect("divide");
+    let one = lines.iter().rev().find(|l| l.contains("dense<1.00000000000000000e0>")).expect("one");
+    let one_name = one.trim().split(' ').next().expect("name");
+    assert!(divide.contains(&format!("divide {one_name}, ")), "{divide}");
+}
+
+#[test]
+fn the_contract_version_names_the_activations_it_defines() {
+    assert_eq!(crate::CONTRACT_VERSION, 3);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v3:act=f32:acc=f32");
+}

@@ -251,46 +251,11 @@ impl Emitter<'_> {
                 let s = f.logistic(&kx);
                 f.mul(x, &s)
             }
-            VisionAct::Gelu => gelu_erf(f, x),
+            VisionAct::Gelu => self.c.gelu_erf(f, x),
             VisionAct::GeluPytorchTanh => self.c.gelu_tanh(f, x),
             VisionAct::Silu => self.c.silu(f, x),
         }
     }
-}
-
-/// Exact GELU, `x/2 * (1 + erf(x / sqrt 2))`. StableHLO has no erf, so erf is Abramowitz and
-/// Stegun 7.1.26 (absolute error below 1.5e-7), far inside the encoder's 1e-4 tolerance.
-fn gelu_erf(f: &mut Func, x: &Value) -> Value {
-    let c = |f: &mut Func, v: f64| f.splat(x.ty(), v);
-    let k = c(f, std::f64::consts::FRAC_1_SQRT_2);
-    let z = f.mul(x, &k);
-    let nz = f.neg(&z);
-    let a = f.max(&z, &nz);
-    let p = c(f, 0.327_591_1);
-    let one = c(f, 1.0);
-    let pa = f.mul(&p, &a);
-    let den = f.add(&one, &pa);
-    let t = f.div(&one, &den);
-    let mut poly = c(f, 1.061_405_429);
-    for coeff in [-1.453_152_027, 1.421_413_741, -0.284_496_736, 0.254_829_592] {
-        let pt = f.mul(&poly, &t);
-        let k = c(f, coeff);
-        poly = f.add(&pt, &k);
-    }
-    let poly = f.mul(&poly, &t);
-    let a2 = f.mul(&a, &a);
-    let na2 = f.neg(&a2);
-    let e = f.exp(&na2);
-    let tail = f.mul(&poly, &e);
-    let erf_abs = f.sub(&one, &tail);
-    let zero = c(f, 0.0);
-    let negative = f.compare(Compare::Lt, &z, &zero);
-    let nerf = f.neg(&erf_abs);
-    let erf = f.select(&negative, &nerf, &erf_abs);
-    let half = c(f, 0.5);
-    let hx = f.mul(&half, x);
-    let onep = f.add(&one, &erf);
-    f.mul(&hx, &onep)
 }
 
 /// Emits the module for a bucket of `n` patch rows.
@@ -326,7 +291,7 @@ pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_em
     let h = e.layer_norm(f, &x, "merger.ln_q");
     let h = f.reshape(&h, &[n / v.merge_area(), v.embed_dim * v.merge_area()]);
     let h = e.linear(f, &h, "merger.mlp.0");
-    let h = gelu_erf(f, &h);
+    let h = e.c.gelu_erf(f, &h);
     let out = e.linear(f, &h, "merger.mlp.2");
     m.add_func(func, &[out]);
     m.finish()
