@@ -1,1 +1,184 @@
-//! The gemma3 family plugin (in progress).
+//! The Gemma3 family plugin for mlxcel-host.
+//!
+//! Accepts `Gemma3ForConditionalGeneration` (`model_type` `gemma3`). The reference is
+//! transformers' `models/gemma3` (`image_processing_pil_gemma3.py` and `processing_gemma3.py`
+//! for the processor and the image block, `modeling_gemma3.py` for the projector, the merge and
+//! the masks) and `models/siglip/modeling_siglip.py` for the vision tower, at the version the
+//! fixture's provenance records. Text-only `gemma3_text` checkpoints need no plugin: the host's
+//! token path serves them.
+//!
+//! - `config.rs`: the typed `config.json` and processor config (pan-and-scan refused);
+//! - `processor.rs`: images to `pixel_values` at the tower's fixed size (Pillow bilinear);
+//! - `prompt.rs`: `<start_of_image>` to the processor's whole image block;
+//! - `vision.rs`: the SigLIP tower and the average-pool projector as StableHLO;
+//! - `contract.rs`: `sqrt(hidden)` text scaling, placements, bidirectional image blocks, 1-D
+//!   positions.
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod contract;
+mod processor;
+mod prompt;
+mod vision;
+
+use mlxcel_plugin_api::{
+    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph,
+    EncoderGraphRequest, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillContract, PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
+};
+
+pub use config::Gemma3Config;
+
+/// The family.
+#[derive(Debug)]
+pub struct Gemma3;
+
+impl FamilyPlugin for Gemma3 {
+    type Config = Gemma3Config;
+
+    fn identity() -> PluginIdentity {
+        PluginIdentity {
+            name: "gemma3".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            architectures: RVec::from(vec![RString::from("Gemma3ForConditionalGeneration")]),
+            model_types: RVec::from(vec![RString::from("gemma3")]),
+            modalities: RVec::from(vec![Modality::Image]),
+            capabilities: RVec::from(vec![Capability::Image, Capability::MultiImage]),
+            references: RVec::from(vec![
+                RString::from(
+                    "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/gemma3",
+                ),
+                RString::from(
+                    "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/siglip",
+                ),
+            ]),
+        }
+    }
+
+    fn parse_config(config_json: &str, processor_json: &str) -> Result<ParsedConfig<Gemma3Config>, PluginError> {
+        let config = Gemma3Config::parse(config_json, processor_json)?;
+        let token = |role: &str, id: u32| SpecialToken { role: role.into(), id };
+        let summary = ConfigSummary {
+            model_type: config.model_type.as_str().into(),
+            architecture: config.architecture.as_str().into(),
+            modalities: RVec::from(vec![Modality::Image]),
+            text_hidden_size: config.text_hidden_size,
+            special_tokens: RVec::from(vec![
+                token("image_soft", config.image_token_id),
+                token("image_start", config.boi_token_id),
+                token("image_end", config.eoi_token_id),
+            ]),
+        };
+        Ok(ParsedConfig { summary, config })
+    }
+
+    fn prompt_layout(config: &Gemma3Config, request: &LayoutRequest) -> Result<PromptLayout, PluginError> {
+        prompt::layout(config, request)
+    }
+
+    fn preprocess(
+        config: &Gemma3Config,
+        item: &MediaItem,
+        options: &PreprocessOptions,
+    ) -> Result<Preprocessed, PluginError> {
+        processor::preprocess(config, item, options)
+    }
+
+    fn encoder_buckets(config: &Gemma3Config, modality: Modality) -> Result<Vec<ShapeBucket>, PluginError> {
+        vision::buckets(config, modality)
+    }
+
+    fn encoder_graph(config: &Gemma3Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request)
+    }
+
+    fn prefill_contract(config: &Gemma3Config, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+        contract::contract(config, request)
+    }
+
+    fn check_checkpoint(config: &Gemma3Config, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
+        let mut problems = Vec::new();
+        for (key, shape) in vision::parameters(config) {
+            let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            match index.tensors.iter().find(|t| t.name.as_str() == key) {
+                None => problems.push(format!("the checkpoint has no `{key}`")),
+                Some(t) if t.shape.as_slice() != want.as_slice() => {
+                    problems.push(format!("`{key}` has shape {:?}, the config needs {want:?}", t.shape.as_slice()))
+                }
+                Some(t) if t.dtype != DType::F32 => {
+                    problems.push(format!("`{key}` is {}; the encoder graph reads f32 weights", t.dtype.as_str()))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(CheckpointReport { problems: problems.into_iter().map(RString::from).collect() })
+    }
+}
+
+mlxcel_plugin_api::export_plugin!(Gemma3);
+
+/// Fixture access for the unit tests.
+#[cfg(test)]
+mod testing {
+    use mlxcel_golden::{Fixture, Golden};
+    use mlxcel_plugin_api::MediaItem;
+
+    use crate::config::Gemma3Config;
+
+    /// Each variant with its image count.
+    pub(crate) const VARIANT_IMAGES: [(&str, usize); 4] =
+        [("image", 1), ("two_images", 2), ("long", 1), ("text_only", 0)];
+
+    fn fixture() -> Fixture {
+        Fixture::named("gemma3").expect("the gemma3 fixture")
+    }
+
+    /// The fixture's `config.json` and `processor_config.json`.
+    pub(crate) fn fixture_json() -> (String, String) {
+        let dir = fixture();
+        let read = |name: &str| std::fs::read_to_string(dir.dir().join(name)).expect("read");
+        (read("config.json"), read("processor_config.json"))
+    }
+
+    pub(crate) fn fixture_config() -> Gemma3Config {
+        let (config, processor) = fixture_json();
+        Gemma3Config::parse(&config, &processor).expect("parse")
+    }
+
+    pub(crate) fn golden(variant: &str) -> Golden {
+        fixture().golden(variant).expect("golden")
+    }
+
+    /// A fixture input as the encoded file.
+    pub(crate) fn image_item(path: &str) -> MediaItem {
+        MediaItem::EncodedImage(std::fs::read(fixture().dir().join(path)).expect("read image").into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::fixture_json;
+
+    #[test]
+    fn the_checkpoint_check_names_missing_and_misshapen_tensors() {
+        let (config, processor) = fixture_json();
+        let config = Gemma3Config::parse(&config, &processor).expect("parse");
+        let mut tensors: Vec<mlxcel_plugin_api::TensorSpec> = vision::parameters(&config)
+            .into_iter()
+            .map(|(k, s)| {
+                mlxcel_plugin_api::TensorSpec::new(k, DType::F32, &s.iter().map(|&d| d as u64).collect::<Vec<_>>())
+            })
+            .collect();
+        let ok = Gemma3::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.clone().into() }).expect("ok");
+        assert!(ok.problems.is_empty(), "{:?}", ok.problems);
+        tensors.retain(|t| t.name.as_str() != "vision_tower.post_layernorm.bias");
+        tensors[0] = mlxcel_plugin_api::TensorSpec::new(tensors[0].name.as_str(), DType::F32, &[1]);
+        let report = Gemma3::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.into() }).expect("report");
+        let problems: Vec<&str> = report.problems.iter().map(|p| p.as_str()).collect();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("`vision_tower.embeddings.patch_embedding.weight` has shape [1]"), "{problems:?}");
+        assert_eq!(problems[1], "the checkpoint has no `vision_tower.post_layernorm.bias`");
+    }
+}

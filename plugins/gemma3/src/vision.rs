@@ -1,0 +1,279 @@
+//! The SigLIP vision tower and Gemma3's average-pool projector as StableHLO, one image per call:
+//!
+//! `main(pixel_values[1, 3, S, S]) -> image_features[mm_tokens_per_image, text_hidden]`
+//!
+//! - the patch embedding (a Conv2d whose stride is its kernel) as one matmul: the image cut into
+//!   `P x P` patches of `C*p*p` values in the kernel's `(c, y, x)` order, against the
+//!   checkpoint's `[hidden, C, p, p]` kernel reshaped to `[hidden, C*p*p]`, plus its bias;
+//!   then the learned position embedding of every patch (no interpolation: the processor
+//!   resizes to the tower's size);
+//! - per encoder layer: LayerNorm, multi-head attention over all patches (q, k, v and out
+//!   projections with biases; scores scaled by `head_dim^-0.5` after the product, softmax in
+//!   f32), residual; LayerNorm, `fc1`, `gelu_pytorch_tanh`, `fc2`, residual;
+//! - `post_layernorm`;
+//! - `Gemma3MultiModalProjector`: the `[P*P, hidden]` rows viewed as the `P x P` patch grid and
+//!   average-pooled with a `k x k` kernel and stride (`AvgPool2d`, `k = P / tokens_per_side`):
+//!   the window summed in row-major order as torch's CPU kernel does, then divided by `k*k`;
+//!   Gemma's RMSNorm (`(1 + w)`, `mm_soft_emb_norm`); the product with
+//!   `mm_input_projection_weight` `[hidden, text_hidden]` (a plain matmul, no transpose).
+//!
+//! The output rows are the pooled grid in row-major order, as `flatten(2).transpose(1, 2)`
+//! gives them; every image is exactly `mm_tokens_per_image` rows.
+
+use std::collections::HashMap;
+
+use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, RmsStyle, Type, Value};
+use mlxcel_plugin_api::{
+    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
+};
+
+use crate::config::Gemma3Config;
+use crate::processor::PIXEL_VALUES;
+
+/// The graph's output, placed by the contract.
+pub(crate) const FEATURES: &str = "image_features";
+/// Where the tower's and the projector's weights live (transformers' saved layout).
+const TOWER: &str = "vision_tower.";
+const PROJECTOR: &str = "multi_modal_projector.";
+/// The one bucket: a single image at the tower's size.
+const BUCKET: &str = "image-1";
+
+fn input(config: &Gemma3Config) -> TensorSpec {
+    let s = config.vision.image_size as u64;
+    TensorSpec::new(PIXEL_VALUES, DType::F32, &[1, config.vision.num_channels as u64, s, s])
+}
+
+/// Every image is resized to the tower's size, so one bucket of one image serves all; several
+/// images are encoded one call each.
+pub(crate) fn buckets(config: &Gemma3Config, modality: Modality) -> Result<Vec<ShapeBucket>, PluginError> {
+    if modality != Modality::Image {
+        return Err(PluginError::unsupported(format!("gemma3 has no {} encoder", modality.as_str())));
+    }
+    Ok(vec![ShapeBucket { id: BUCKET.into(), inputs: vec![input(config)].into() }])
+}
+
+/// Checkpoint keys and shapes the graph reads, in declaration order.
+pub(crate) fn parameters(config: &Gemma3Config) -> Vec<(String, Vec<usize>)> {
+    let v = &config.vision;
+    let (e, mlp, p) = (v.hidden_size, v.intermediate_size, v.patch_size);
+    let t = |s: &str| format!("{TOWER}{s}");
+    let mut out = vec![
+        (t("embeddings.patch_embedding.weight"), vec![e, v.num_channels, p, p]),
+        (t("embeddings.patch_embedding.bias"), vec![e]),
+        (t("embeddings.position_embedding.weight"), vec![v.patches(), e]),
+    ];
+    for i in 0..v.num_hidden_layers {
+        let n = |s: &str| format!("{TOWER}encoder.layers.{i}.{s}");
+        out.extend([
+            (n("layer_norm1.weight"), vec![e]),
+            (n("layer_norm1.bias"), vec![e]),
+            (n("self_attn.q_proj.weight"), vec![e, e]),
+            (n("self_attn.q_proj.bias"), vec![e]),
+            (n("self_attn.k_proj.weight"), vec![e, e]),
+            (n("self_attn.k_proj.bias"), vec![e]),
+            (n("self_attn.v_proj.weight"), vec![e, e]),
+            (n("self_attn.v_proj.bias"), vec![e]),
+            (n("self_attn.out_proj.weight"), vec![e, e]),
+            (n("self_attn.out_proj.bias"), vec![e]),
+            (n("layer_norm2.weight"), vec![e]),
+            (n("layer_norm2.bias"), vec![e]),
+            (n("mlp.fc1.weight"), vec![mlp, e]),
+            (n("mlp.fc1.bias"), vec![mlp]),
+            (n("mlp.fc2.weight"), vec![e, mlp]),
+            (n("mlp.fc2.bias"), vec![e]),
+        ]);
+    }
+    out.extend([
+        (t("post_layernorm.weight"), vec![e]),
+        (t("post_layernorm.bias"), vec![e]),
+        (format!("{PROJECTOR}mm_soft_emb_norm.weight"), vec![e]),
+        (format!("{PROJECTOR}mm_input_projection_weight"), vec![e, config.text_hidden_size as usize]),
+    ]);
+    out
+}
+
+pub(crate) fn graph(config: &Gemma3Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+    if request.modality != Modality::Image || request.bucket.as_str() != BUCKET {
+        return Err(PluginError::unsupported(format!(
+            "no {} encoder bucket `{}` (gemma3 has `{BUCKET}`)",
+            request.modality.as_str(),
+            request.bucket
+        )));
+    }
+    let stablehlo = emit(config).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
+    let parameters: RVec<TensorSpec> = parameters(config)
+        .into_iter()
+        .map(|(key, shape)| TensorSpec::new(key, DType::F32, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>()))
+        .collect();
+    let rows = u64::from(config.mm_tokens_per_image);
+    Ok(EncoderGraph {
+        bucket: request.bucket.clone(),
+        stablehlo: stablehlo.into(),
+        entry_function: "main".into(),
+        parameter_scope: "model".into(),
+        parameters,
+        inputs: vec![input(config)].into(),
+        outputs: vec![TensorSpec::new(FEATURES, DType::F32, &[rows, u64::from(config.text_hidden_size)])].into(),
+    })
+}
+
+struct Emitter<'a> {
+    c: NumericContract,
+    config: &'a Gemma3Config,
+    globals: HashMap<String, Global>,
+}
+
+impl Emitter<'_> {
+    fn w(&self, f: &mut Func, key: &str) -> Value {
+        let g = self.globals.get(key).expect("invariant: every parameter is declared");
+        f.load(g)
+    }
+
+    fn tower(&self, f: &mut Func, key: &str) -> Value {
+        self.w(f, &format!("{TOWER}{key}"))
+    }
+
+    fn linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
+        let w = self.tower(f, &format!("{name}.weight"));
+        let b = self.tower(f, &format!("{name}.bias"));
+        self.c.linear(f, x, &w, Some(&b))
+    }
+
+    fn layer_norm(&self, f: &mut Func, x: &Value, name: &str) -> Value {
+        let w = self.tower(f, &format!("{name}.weight"));
+        let b = self.tower(f, &format!("{name}.bias"));
+        self.c.layer_norm(f, x, &w, &b, self.config.vision.layer_norm_eps)
+    }
+
+    /// `[1, C, S, S]` pixels to `[P*P, hidden]` patch embeddings plus position embeddings.
+    fn embeddings(&self, f: &mut Func, pixels: &Value) -> Value {
+        let v = &self.config.vision;
+        let (c, p, side) = (v.num_channels, v.patch_size, v.patches_per_side());
+        let x = f.reshape(pixels, &[c, side, p, side, p]);
+        // (c, py, y, px, x) -> (py, px, c, y, x): one row per patch, in the kernel's order.
+        let x = f.transpose(&x, &[1, 3, 0, 2, 4]);
+        let x = f.reshape(&x, &[side * side, v.patch_width()]);
+        let kernel = self.tower(f, "embeddings.patch_embedding.weight");
+        let kernel = f.reshape(&kernel, &[v.hidden_size, v.patch_width()]);
+        let bias = self.tower(f, "embeddings.patch_embedding.bias");
+        let x = self.c.linear(f, &x, &kernel, Some(&bias));
+        let positions = self.tower(f, "embeddings.position_embedding.weight");
+        f.add(&x, &positions)
+    }
+
+    fn attention(&self, f: &mut Func, x: &Value, i: usize) -> Value {
+        let v = &self.config.vision;
+        let (n, e, heads, d) = (x.shape()[0], v.hidden_size, v.num_attention_heads, v.head_dim());
+        let name = |s: &str| format!("encoder.layers.{i}.self_attn.{s}");
+        let project = |f: &mut Func, s: &str| {
+            let y = self.linear(f, x, &name(s));
+            f.reshape(&y, &[n, heads, d])
+        };
+        let q = project(f, "q_proj");
+        let k = project(f, "k_proj");
+        let val = project(f, "v_proj");
+        // scores [heads, n, n] = q k^T, then scaled (torch: matmul(q, k^T) * scaling).
+        let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
+        let scale = f.splat(scores.ty(), (d as f64).powf(-0.5));
+        let scores = f.mul(&scores, &scale);
+        let probs = self.c.softmax(f, &scores);
+        // [heads, n, d] -> [n, heads * d]
+        let out = self.c.matmul(f, &probs, &val, (&[0], &[1]), (&[2], &[0]));
+        let out = f.transpose(&out, &[1, 0, 2]);
+        let out = f.reshape(&out, &[n, e]);
+        self.linear(f, &out, &name("out_proj"))
+    }
+
+    fn layer(&self, f: &mut Func, x: &Value, i: usize) -> Value {
+        let name = |s: &str| format!("encoder.layers.{i}.{s}");
+        let h = self.layer_norm(f, x, &name("layer_norm1"));
+        let h = self.attention(f, &h, i);
+        let x = self.c.residual(f, x, &h);
+        let h = self.layer_norm(f, &x, &name("layer_norm2"));
+        let h = self.linear(f, &h, &name("mlp.fc1"));
+        let h = self.c.gelu_tanh(f, &h);
+        let h = self.linear(f, &h, &name("mlp.fc2"));
+        self.c.residual(f, &x, &h)
+    }
+
+    /// `AvgPool2d(k, stride=k)` over the `P x P` grid of `x [P*P, hidden]`: `[T*T, hidden]`.
+    fn avg_pool(&self, f: &mut Func, x: &Value) -> Value {
+        let (side, k, e) = (self.config.vision.patches_per_side(), self.config.pool_kernel(), x.shape()[1]);
+        let t = side / k;
+        // Patch (ty * k + i, tx * k + j) is row ((ty * k + i) * side + tx * k + j).
+        let grid = f.reshape(x, &[t, k, t, k, e]);
+        let mut sum: Option<Value> = None;
+        for i in 0..k {
+            for j in 0..k {
+                let one = f.slice(&grid, &[0, i, 0, j, 0], &[t, i + 1, t, j + 1, e]);
+                let one = f.reshape(&one, &[t, t, e]);
+                sum = Some(match sum {
+                    Some(acc) => f.add(&acc, &one),
+                    None => one,
+                });
+            }
+        }
+        let sum = sum.expect("invariant: the kernel is at least 1x1");
+        let count = f.splat(sum.ty(), (k * k) as f64);
+        let mean = f.div(&sum, &count);
+        f.reshape(&mean, &[t * t, e])
+    }
+
+    fn projector(&self, f: &mut Func, x: &Value) -> Value {
+        let pooled = self.avg_pool(f, x);
+        let norm = self.w(f, &format!("{PROJECTOR}mm_soft_emb_norm.weight"));
+        let normed = self.c.rms_norm(f, &pooled, &norm, self.config.vision.layer_norm_eps, RmsStyle::OnePlus);
+        let proj = self.w(f, &format!("{PROJECTOR}mm_input_projection_weight"));
+        self.c.matmul(f, &normed, &proj, (&[], &[]), (&[1], &[0]))
+    }
+}
+
+/// Emits the module for one image.
+pub(crate) fn emit(config: &Gemma3Config) -> Result<String, mlxcel_emit::EmitError> {
+    let mut m = Module::new("gemma3_vision");
+    let mut globals = HashMap::new();
+    for (key, shape) in parameters(config) {
+        let g = m.param(&key, Type::new(Elem::F32, &shape));
+        globals.insert(key, g);
+    }
+    let e = Emitter { c: NumericContract::f32(), config, globals };
+    let shape: Vec<usize> = input(config).shape.iter().map(|&d| d as usize).collect();
+    let (mut func, a) = m.func("main", &[Type::new(Elem::F32, &shape)]);
+    let f = &mut func;
+    let mut x = e.embeddings(f, &a[0]);
+    for i in 0..config.vision.num_hidden_layers {
+        x = e.layer(f, &x, i);
+    }
+    let x = e.layer_norm(f, &x, "post_layernorm");
+    let out = e.projector(f, &x);
+    m.add_func(func, &[out]);
+    m.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::fixture_config;
+
+    #[test]
+    fn the_graph_emits_for_the_fixture_with_its_declared_signature() {
+        let config = fixture_config();
+        let buckets = buckets(&config, Modality::Image).expect("buckets");
+        assert_eq!(buckets.len(), 1);
+        assert_eq!(buckets[0].inputs[0].shape.as_slice(), &[1, 3, 112, 112]);
+        let request = EncoderGraphRequest { modality: Modality::Image, bucket: buckets[0].id.clone() };
+        let g = graph(&config, &request).expect("graph");
+        assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
+        assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
+        assert_eq!(g.parameters.len(), 3 + 16 * 2 + 4);
+        assert!(g.stablehlo.contains("\"model\"::\"multi_modal_projector.mm_input_projection_weight\""));
+        assert!(g.stablehlo.contains("\"model\"::\"vision_tower.post_layernorm.bias\""));
+        let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "image-2".into() };
+        assert_eq!(graph(&config, &bad).expect_err("bucket").code, ErrorCode::Unsupported);
+        assert!(buckets_for_audio_fail(&config));
+    }
+
+    fn buckets_for_audio_fail(config: &Gemma3Config) -> bool {
+        buckets(config, Modality::Audio).is_err()
+    }
+}
