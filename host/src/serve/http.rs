@@ -31,6 +31,7 @@ use super::api::{
     LogprobsBody, MessageContent, TokenLogprobBody, TopLogprobBody, UsageBody,
 };
 use super::engine::{EngineHandle, Event, Job, Refusal};
+use super::fetch::RemoteImages;
 use super::metrics::Metrics;
 use crate::multimodal::{MediaModel, MediaRefusal, MediaRequest};
 
@@ -57,6 +58,8 @@ pub(crate) struct AppState {
     pub(crate) media: Option<&'static MediaModel<'static>>,
     pub(crate) policy: QualificationPolicy,
     pub(crate) max_input_pixels: u64,
+    /// Fetches http(s) image URLs; `None` refuses them.
+    pub(crate) remote: Option<RemoteImages>,
     /// Bounds the requests being prepared at once (the preprocessing pool's width).
     pub(crate) preparing: Arc<Semaphore>,
     pub(crate) draining: Arc<AtomicBool>,
@@ -173,7 +176,20 @@ async fn start(
         .status(StatusCode::NOT_FOUND));
     }
     let options = Options::from_request(&request, &state.text)?;
-    let (messages, images) = messages(request.messages, state)?;
+    let (messages, sources) = messages(request.messages, state)?;
+    let mut images = Vec::with_capacity(sources.len());
+    for source in sources {
+        images.push(match source {
+            ImageSource::Inline(bytes) => bytes,
+            ImageSource::Remote(url) => {
+                let remote = state.remote.as_ref().ok_or_else(|| ApiError::internal("remote images are off"))?;
+                remote
+                    .fetch(&url)
+                    .await
+                    .map_err(|e| ApiError::invalid("image_fetch_failed", e.to_string()).param("messages"))?
+            }
+        });
+    }
 
     // Template, tokens and media preprocessing on the blocking pool.
     let permit = state.preparing.clone().acquire_owned().await.map_err(|_| draining())?;
@@ -353,8 +369,18 @@ impl Options {
     }
 }
 
+/// Where an image's bytes come from.
+enum ImageSource {
+    Inline(Vec<u8>),
+    /// An http(s) URL, fetched when remote images are allowed.
+    Remote(String),
+}
+
 /// The chat turns for the template and the images in prompt order, from the wire format.
-fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec<Message>, Vec<Vec<u8>>), ApiError> {
+fn messages(
+    wire: Vec<super::api::ChatMessage>,
+    state: &AppState,
+) -> Result<(Vec<Message>, Vec<ImageSource>), ApiError> {
     let mut messages = Vec::new();
     let mut images = Vec::new();
     if wire.is_empty() {
@@ -391,7 +417,7 @@ fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec
                                 )
                                 .param("messages"));
                             }
-                            images.push(image_bytes(&image_url.url)?);
+                            images.push(image_source(&image_url.url, state.remote.is_some())?);
                             out.push(Part { kind: "image".to_owned(), text: None });
                         }
                         ContentPart::InputAudio { input_audio } => {
@@ -431,12 +457,15 @@ fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec
     Ok((messages, images))
 }
 
-/// An image URL's bytes: base64 data URLs only.
-fn image_bytes(url: &str) -> Result<Vec<u8>, ApiError> {
+/// An image URL: a base64 data URL's bytes, or an http(s) URL when remote images are allowed.
+fn image_source(url: &str, remote: bool) -> Result<ImageSource, ApiError> {
     if url.starts_with("http://") || url.starts_with("https://") {
+        if remote {
+            return Ok(ImageSource::Remote(url.to_owned()));
+        }
         return Err(ApiError::invalid(
             "image_url_not_allowed",
-            "remote image URLs are not fetched by this server; send the image inline as a data URL (data:image/png;base64,...)",
+            "remote image URLs are not fetched by this server (it runs without --allow-remote-images); send the image inline as a data URL (data:image/png;base64,...)",
         )
         .param("messages"));
     }
@@ -454,7 +483,7 @@ fn image_bytes(url: &str) -> Result<Vec<u8>, ApiError> {
         return Err(ApiError::invalid("invalid_image_url", "the data URL is not base64 (`;base64,` expected)")
             .param("messages"));
     }
-    base64::engine::general_purpose::STANDARD.decode(data.trim()).map_err(|e| {
+    base64::engine::general_purpose::STANDARD.decode(data.trim()).map(ImageSource::Inline).map_err(|e| {
         ApiError::invalid("invalid_base64", format!("the image data URL is not valid base64: {e}")).param("messages")
     })
 }

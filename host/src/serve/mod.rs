@@ -4,6 +4,7 @@
 
 mod api;
 mod engine;
+mod fetch;
 mod http;
 mod metrics;
 
@@ -62,6 +63,20 @@ pub(crate) struct ServeArgs {
     /// refused before any allocation).
     #[arg(long, default_value_t = MAX_INPUT_PIXELS)]
     max_image_pixels: u64,
+    /// Fetch http(s) image URLs (refused otherwise): public addresses only, every redirect
+    /// re-checked, capped in bytes and time.
+    #[arg(long)]
+    allow_remote_images: bool,
+    /// Largest remote image in bytes.
+    #[arg(long, default_value_t = 20 << 20)]
+    remote_image_max_bytes: u64,
+    /// Seconds a remote image fetch may take in all.
+    #[arg(long, default_value_t = 10)]
+    remote_image_timeout: u64,
+    /// Also fetch from loopback, private and link-local addresses (the server's own network).
+    /// Only for a server no untrusted client can reach.
+    #[arg(long, requires = "allow_remote_images")]
+    allow_private_image_hosts: bool,
     /// Requests prepared at once (template, tokenizer, image decoding and preprocessing).
     #[arg(long, default_value_t = 2)]
     prepare_workers: usize,
@@ -113,6 +128,16 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         }
     };
 
+    let remote = args
+        .allow_remote_images
+        .then(|| {
+            fetch::RemoteImages::new(
+                args.remote_image_max_bytes,
+                Duration::from_secs(args.remote_image_timeout),
+                args.allow_private_image_hosts,
+            )
+        })
+        .transpose()?;
     let metrics = Arc::new(metrics::Metrics::new());
     let device_args: &'static DeviceArgs = Box::leak(Box::new(args.device.clone()));
     let shape = BundleShape { chunk: args.chunk, capacity: args.context, slots: args.slots };
@@ -153,6 +178,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         media,
         policy,
         max_input_pixels: args.max_image_pixels,
+        remote,
         preparing: Arc::new(tokio::sync::Semaphore::new(args.prepare_workers)),
         draining: Arc::clone(&draining),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),

@@ -215,3 +215,22 @@ fn experimental_capabilities_are_refused_by_default_and_a_full_queue_answers_429
     let got = server.scenario("strict");
     assert!(got["unqualified"].as_str().unwrap_or_default().contains("--allow-unqualified"), "{got}");
 }
+
+#[test]
+fn remote_image_urls_are_fetched_only_when_allowed_and_only_within_the_caps() {
+    let server = Server::start(&["--allow-remote-images"]);
+    let got = server.scenario("remote_public_only");
+    assert!(got["literal"].as_str().unwrap_or_default().contains("127.0.0.1"), "{got}");
+    drop(server);
+
+    let server = Server::start(&[
+        "--allow-remote-images",
+        "--allow-private-image-hosts",
+        "--remote-image-max-bytes",
+        "200000",
+        "--remote-image-timeout",
+        "2",
+    ]);
+    let got = server.scenario("remote");
+    assert!(got["/missing"].as_str().unwrap_or_default().contains("HTTP 404"), "{got}");
+}

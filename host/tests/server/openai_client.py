@@ -349,6 +349,79 @@ def scenario_drain(client, args):
     return {"finish": finish, "completion_tokens": usage.completion_tokens, "new_request": refused}
 
 
+def image_host(fixture):
+    """A local HTTP server with an image, a redirect to it, a redirect loop, a large body, a slow
+    answer and a 404; returns its base URL."""
+    import http.server
+    import threading
+
+    image = (fixture / "inputs" / "wide.png").read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def send(self, status, body=b"", headers=()):
+            self.send_response(status)
+            for key, value in headers:
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/wide.png":
+                self.send(200, image, [("Content-Type", "image/png")])
+            elif self.path == "/redirect":
+                self.send(302, headers=[("Location", "/wide.png")])
+            elif self.path == "/loop":
+                self.send(302, headers=[("Location", "/loop")])
+            elif self.path == "/big":
+                self.send(200, b"\0" * 300_000)
+            elif self.path == "/slow":
+                time.sleep(4)
+                self.send(200, image)
+            else:
+                self.send(404, b"no such image")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def image_request(client, args, url):
+    message = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe this image."}]}]
+    return client.chat.completions.create(model=args.model, messages=message, extra_body=IGNORE_EOS, **GREEDY)
+
+
+def scenario_remote_public_only(client, args):
+    """With --allow-remote-images alone, loopback hosts are refused by address or by name."""
+    base = image_host(args.fixture)
+    seen = {}
+    for name, url in [("literal", base + "/wide.png"), ("name", base.replace("127.0.0.1", "localhost") + "/wide.png")]:
+        message = expect_error(400, "image_fetch_failed", lambda: image_request(client, args, url))
+        assert "not a public address" in message, message
+        seen[name] = message
+    return seen
+
+
+def scenario_remote(client, args):
+    """With private hosts allowed (the test's own loopback server): a fetched image answers as
+    the same image inline; redirects are followed up to a limit; size, time and status caps."""
+    base = image_host(args.fixture)
+    inline = image_request(client, args, data_url(args.fixture / "inputs" / "wide.png")).choices[0].message.content
+    seen = {
+        "fetched": image_request(client, args, base + "/wide.png").choices[0].message.content,
+        "redirected": image_request(client, args, base + "/redirect").choices[0].message.content,
+    }
+    assert seen["fetched"] == inline and seen["redirected"] == inline, (seen, inline)
+    for path, needle in [("/loop", "redirects"), ("/big", "larger than"), ("/slow", "longer than"), ("/missing", "404")]:
+        message = expect_error(400, "image_fetch_failed", lambda: image_request(client, args, base + path))
+        assert needle in message, (path, message)
+        seen[path] = message
+    return seen
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
