@@ -1,0 +1,605 @@
+//! The typed view of a LLaVA checkpoint: `config.json` (the CLIP vision tower, the feature
+//! layers and selection, the projector, the image token) and the processor config (the
+//! `CLIPImageProcessor` steps and the `LlavaProcessor` fields).
+//!
+//! Absent keys take transformers' defaults (`LlavaConfig`, `CLIPVisionConfig` with LLaVA's
+//! sub-config defaults, `CLIPImageProcessor`), except the processor's resize and crop sizes:
+//! transformers defaults them to 224, but the CLIP tower refuses any image that is not its
+//! `image_size` square, so without them the tower's size is the only one that can work. The
+//! processor config is read nested under `image_processor` (`processor_config.json`) or flat
+//! (`preprocessor_config.json`).
+//!
+//! Everything the family cannot serve exactly as the reference does is refused here, by
+//! name: a tower other than CLIP, an activation the numeric contract does not define, a
+//! feature layer outside the tower, a processor that does not produce the tower's square.
+
+use mlxcel_family_common::{Resample, shortest_edge_size};
+use mlxcel_plugin_api::PluginError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// OpenAI CLIP's mean and std as transformers writes them (Python floats, rounded to f32 by
+/// numpy when normalising).
+const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+/// `LlamaConfig().hidden_size`, for LLaVA 1.5 configs whose `text_config` leaves it out.
+const LLAMA_DEFAULT_HIDDEN: u64 = 4096;
+/// The placeholder `LlavaProcessor` expands.
+const DEFAULT_IMAGE_TOKEN: &str = "<image>";
+
+/// Everything the family varies on, parsed once and handed back to every entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlavaConfig {
+    pub model_type: String,
+    pub architecture: String,
+    /// Width of the text decoder, which the projector maps to.
+    pub text_hidden_size: u32,
+    pub image_token_id: u32,
+    /// The placeholder text the chat template renders once per image.
+    pub image_token: String,
+    /// `image_seq_length`, when the config states it: the tower's patch count.
+    pub image_seq_length: Option<u32>,
+    /// The hidden states the projector reads, in the config's order and concatenated along
+    /// the features: 0 is the embeddings after `pre_layrnorm`, `i` the output of layer `i`.
+    pub feature_layers: Vec<usize>,
+    pub select: SelectStrategy,
+    pub projector_act: Act,
+    pub projector_bias: bool,
+    pub vision: VisionConfig,
+    pub processor: ProcessorConfig,
+    /// Where the tower's weights live in the checkpoint.
+    pub vision_prefix: String,
+}
+
+/// `vision_feature_select_strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectStrategy {
+    /// Drops the class token's row.
+    Default,
+    /// Keeps every row.
+    Full,
+}
+
+/// An activation the numeric contract defines, by its transformers name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Act {
+    /// Exact (erf) GELU: `gelu`.
+    Gelu,
+    /// `gelu_pytorch_tanh`.
+    GeluPytorchTanh,
+    /// `x * sigmoid(1.702 x)`: `quick_gelu`.
+    QuickGelu,
+    Silu,
+}
+
+impl Act {
+    fn parse(name: &str, what: &str) -> Result<Self, PluginError> {
+        Ok(match name {
+            "gelu" => Act::Gelu,
+            "gelu_pytorch_tanh" => Act::GeluPytorchTanh,
+            "quick_gelu" => Act::QuickGelu,
+            "silu" | "swish" => Act::Silu,
+            other => {
+                return Err(PluginError::unsupported(format!(
+                    "{what} `{other}`: the llava plugin computes gelu, gelu_pytorch_tanh, quick_gelu and silu"
+                )));
+            }
+        })
+    }
+}
+
+/// `vision_config` of a CLIP tower.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VisionConfig {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub num_channels: usize,
+    pub act: Act,
+    pub layer_norm_eps: f64,
+}
+
+impl VisionConfig {
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+
+    /// Patches per side.
+    pub fn grid(&self) -> usize {
+        self.image_size / self.patch_size
+    }
+
+    /// Patch rows, without the class token.
+    pub fn patches(&self) -> usize {
+        self.grid() * self.grid()
+    }
+}
+
+/// How the processor resizes before the crop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resize {
+    /// `{"shortest_edge": s}`, optionally with `longest_edge`: the aspect ratio kept.
+    ShortestEdge { shortest: u32, longest: Option<u32> },
+    /// `{"height": h, "width": w}`.
+    Exact { height: u32, width: u32 },
+}
+
+impl Resize {
+    /// The `(height, width)` an image of `height x width` resizes to.
+    pub fn size_for(&self, height: u32, width: u32) -> Result<(u32, u32), PluginError> {
+        match *self {
+            Resize::ShortestEdge { shortest, longest } => {
+                shortest_edge_size(height, width, shortest, longest).map_err(|e| PluginError::invalid(e.to_string()))
+            }
+            Resize::Exact { height, width } => Ok((height, width)),
+        }
+    }
+}
+
+/// The image processor's steps, in the reference's order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessorConfig {
+    /// `None`: `do_resize` false.
+    pub resize: Option<Resize>,
+    /// Pillow resampling code (3: bicubic).
+    pub resample: u32,
+    /// `(height, width)`; `None`: `do_center_crop` false.
+    pub crop: Option<(u32, u32)>,
+    pub rescale_factor: Option<f64>,
+    pub mean_std: Option<([f32; 3], [f32; 3])>,
+}
+
+fn invalid(message: impl Into<String>) -> PluginError {
+    PluginError::invalid(message)
+}
+
+fn opt_u64(v: &Value, key: &str, what: &str) -> Result<Option<u64>, PluginError> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x.as_u64().map(Some).ok_or_else(|| invalid(format!("{what}: not a non-negative integer: {x}"))),
+    }
+}
+
+fn small(x: u64, what: &str) -> Result<u32, PluginError> {
+    u32::try_from(x).map_err(|_| invalid(format!("{what} {x} does not fit u32")))
+}
+
+fn triple(v: Option<&Value>, default: [f64; 3], what: &str) -> Result<[f32; 3], PluginError> {
+    let Some(v) = v else { return Ok(default.map(|x| x as f32)) };
+    let values: Option<Vec<f32>> = v.as_array().map(|a| a.iter().filter_map(Value::as_f64).map(|x| x as f32).collect());
+    match values {
+        Some(values) if values.len() == 3 => Ok([values[0], values[1], values[2]]),
+        _ => Err(invalid(format!("{what}: expected three numbers, got {v}"))),
+    }
+}
+
+/// The checkpoint layout of the tower's weights: transformers 5 saves the CLIP tower without
+/// its `vision_model.` level, earlier versions (the LLaVA checkpoints on the hub) with it.
+fn vision_prefix(transformers_version: Option<&str>) -> String {
+    let major = transformers_version.and_then(|v| v.split('.').next()).and_then(|m| m.parse::<u32>().ok());
+    if major.is_some_and(|m| m >= 5) { "vision_tower.".into() } else { "vision_tower.vision_model.".into() }
+}
+
+/// The other layout's prefix, for naming it when the checkpoint has that one instead.
+pub(crate) fn other_vision_prefix(prefix: &str) -> &'static str {
+    if prefix == "vision_tower." { "vision_tower.vision_model." } else { "vision_tower." }
+}
+
+impl LlavaConfig {
+    /// Parses `config.json` and the processor config (empty: the processor's defaults).
+    pub fn parse(config_json: &str, processor_json: &str) -> Result<Self, PluginError> {
+        let root: Value = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
+        let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let architecture = root.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
+        let architecture = architecture.unwrap_or_default().to_owned();
+
+        let text = root.get("text_config").unwrap_or(&Value::Null);
+        let text_type = text.get("model_type").and_then(Value::as_str).unwrap_or("llama");
+        let text_hidden = match text.get("hidden_size") {
+            Some(h) => h.as_u64().ok_or_else(|| invalid(format!("text_config.hidden_size: not an integer: {h}")))?,
+            None if text_type == "llama" => LLAMA_DEFAULT_HIDDEN,
+            None => return Err(invalid(format!("config.json: text_config ({text_type}) has no hidden_size"))),
+        };
+        let image_token_id = ["image_token_index", "image_token_id"]
+            .iter()
+            .find_map(|k| root.get(*k).and_then(Value::as_u64))
+            .ok_or_else(|| invalid("config.json: no image_token_index"))?;
+
+        let vision = VisionConfig::parse(root.get("vision_config").unwrap_or(&Value::Null))?;
+        let states = vision.num_layers + 1;
+        let layers: Vec<i64> = match root.get("vision_feature_layer") {
+            None | Some(Value::Null) => vec![-2],
+            Some(Value::Array(a)) if !a.is_empty() => a
+                .iter()
+                .map(|x| x.as_i64().ok_or_else(|| invalid(format!("vision_feature_layer: not an integer: {x}"))))
+                .collect::<Result<_, _>>()?,
+            Some(x) => vec![
+                x.as_i64()
+                    .ok_or_else(|| invalid(format!("vision_feature_layer: not an integer or a list of them: {x}")))?,
+            ],
+        };
+        let feature_layers = layers
+            .iter()
+            .map(|&l| {
+                let n = states as i64;
+                if (-n..n).contains(&l) {
+                    Ok(l.rem_euclid(n) as usize)
+                } else {
+                    Err(invalid(format!(
+                        "vision_feature_layer {l} is out of range: the CLIP tower has {} layers, so {states} hidden \
+                         states ({}..={})",
+                        vision.num_layers,
+                        -n,
+                        n - 1
+                    )))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let select = match root.get("vision_feature_select_strategy").and_then(Value::as_str).unwrap_or("default") {
+            "default" => SelectStrategy::Default,
+            "full" => SelectStrategy::Full,
+            other => {
+                return Err(PluginError::unsupported(format!(
+                    "vision_feature_select_strategy `{other}` (transformers knows default and full)"
+                )));
+            }
+        };
+        let projector_act = Act::parse(
+            root.get("projector_hidden_act").and_then(Value::as_str).unwrap_or("gelu"),
+            "projector_hidden_act",
+        )?;
+        let image_seq_length =
+            root.get("image_seq_length").and_then(Value::as_u64).map(|n| small(n, "image_seq_length")).transpose()?;
+        if let Some(n) = image_seq_length
+            && n as usize != vision.patches()
+        {
+            return Err(invalid(format!(
+                "image_seq_length {n} disagrees with the tower's {0}x{0} patches of a {1}-pixel image",
+                vision.grid(),
+                vision.image_size
+            )));
+        }
+
+        let (processor, fields) = ProcessorConfig::parse(processor_json, &vision)?;
+        if let Some(p) = fields.patch_size
+            && p as usize != vision.patch_size
+        {
+            return Err(invalid(format!(
+                "the processor's patch_size {p} disagrees with vision_config.patch_size {}",
+                vision.patch_size
+            )));
+        }
+        if let Some(n) = fields.num_additional_image_tokens
+            && n != 1
+        {
+            return Err(invalid(format!(
+                "the processor counts {n} additional image tokens; a CLIP tower has one (its class token)"
+            )));
+        }
+        if let Some(s) = fields.select.as_deref() {
+            let ours = match select {
+                SelectStrategy::Default => "default",
+                SelectStrategy::Full => "full",
+            };
+            if s != ours {
+                return Err(invalid(format!(
+                    "the processor's vision_feature_select_strategy `{s}` disagrees with config.json's `{ours}`"
+                )));
+            }
+        }
+
+        Ok(Self {
+            model_type,
+            architecture,
+            text_hidden_size: small(text_hidden, "text_config.hidden_size")?,
+            image_token_id: small(image_token_id, "image_token_index")?,
+            image_token: fields.image_token.unwrap_or_else(|| DEFAULT_IMAGE_TOKEN.to_owned()),
+            image_seq_length,
+            feature_layers,
+            select,
+            projector_act,
+            projector_bias: root.get("multimodal_projector_bias").and_then(Value::as_bool).unwrap_or(true),
+            vision,
+            processor,
+            vision_prefix: vision_prefix(root.get("transformers_version").and_then(Value::as_str)),
+        })
+    }
+
+    /// The feature rows (and image tokens) of one image: the tower's patches, plus the class
+    /// token's row under the `full` strategy.
+    pub fn feature_tokens(&self) -> u32 {
+        let extra = match self.select {
+            SelectStrategy::Default => 0,
+            SelectStrategy::Full => 1,
+        };
+        (self.vision.patches() + extra) as u32
+    }
+
+    /// The number of tower layers the graph runs: up to the deepest feature layer.
+    pub fn layers_needed(&self) -> usize {
+        self.feature_layers.iter().copied().max().unwrap_or(0)
+    }
+}
+
+impl VisionConfig {
+    fn parse(v: &Value) -> Result<Self, PluginError> {
+        let vision_type = v.get("model_type").and_then(Value::as_str).unwrap_or("clip_vision_model");
+        if vision_type != "clip_vision_model" {
+            return Err(PluginError::unsupported(format!(
+                "vision_config.model_type `{vision_type}`: the llava plugin runs CLIP towers (clip_vision_model)"
+            )));
+        }
+        // LlavaConfig's defaults for its CLIP sub-config (llava-1.5), then CLIPVisionConfig's.
+        let size = |key: &str, default: u64| -> Result<usize, PluginError> {
+            Ok(opt_u64(v, key, &format!("vision_config.{key}"))?.unwrap_or(default) as usize)
+        };
+        let config = Self {
+            hidden_size: size("hidden_size", 1024)?,
+            intermediate_size: size("intermediate_size", 4096)?,
+            num_layers: size("num_hidden_layers", 24)?,
+            num_heads: size("num_attention_heads", 16)?,
+            image_size: size("image_size", 336)?,
+            patch_size: size("patch_size", 14)?,
+            num_channels: size("num_channels", 3)?,
+            act: Act::parse(
+                v.get("hidden_act").and_then(Value::as_str).unwrap_or("quick_gelu"),
+                "vision_config.hidden_act",
+            )?,
+            layer_norm_eps: v.get("layer_norm_eps").and_then(Value::as_f64).unwrap_or(1e-5),
+        };
+        if config.num_heads == 0 || config.hidden_size == 0 || !config.hidden_size.is_multiple_of(config.num_heads) {
+            return Err(invalid(format!(
+                "vision_config: hidden_size {} does not split into {} attention heads",
+                config.hidden_size, config.num_heads
+            )));
+        }
+        if config.patch_size == 0 || config.image_size == 0 || !config.image_size.is_multiple_of(config.patch_size) {
+            return Err(invalid(format!(
+                "vision_config: image_size {} is not a multiple of patch_size {}",
+                config.image_size, config.patch_size
+            )));
+        }
+        if config.num_channels != 3 {
+            return Err(PluginError::unsupported(format!(
+                "vision_config.num_channels {}: images are rgb",
+                config.num_channels
+            )));
+        }
+        if config.num_layers == 0 || config.intermediate_size == 0 {
+            return Err(invalid("vision_config: a CLIP tower needs at least one layer and an mlp"));
+        }
+        Ok(config)
+    }
+}
+
+/// The `LlavaProcessor` fields of the processor config, checked against the model's.
+#[derive(Debug, Default)]
+struct ProcessorFields {
+    patch_size: Option<u64>,
+    num_additional_image_tokens: Option<u64>,
+    select: Option<String>,
+    image_token: Option<String>,
+}
+
+/// A `size` or `crop_size` entry: a dict, or an int as older configs write it.
+fn size_entry(v: &Value, what: &str, square_int: bool) -> Result<Resize, PluginError> {
+    if let Some(n) = v.as_u64() {
+        let n = small(n, what)?;
+        return Ok(if square_int {
+            Resize::Exact { height: n, width: n }
+        } else {
+            Resize::ShortestEdge { shortest: n, longest: None }
+        });
+    }
+    let get = |key: &str| -> Result<Option<u32>, PluginError> {
+        opt_u64(v, key, &format!("{what}.{key}"))?.map(|x| small(x, what)).transpose()
+    };
+    match (get("shortest_edge")?, get("longest_edge")?, get("height")?, get("width")?) {
+        (Some(shortest), longest, _, _) => Ok(Resize::ShortestEdge { shortest, longest }),
+        (None, _, Some(height), Some(width)) => Ok(Resize::Exact { height, width }),
+        _ => Err(PluginError::unsupported(format!("{what} {v}: expected shortest_edge, or height and width"))),
+    }
+}
+
+impl ProcessorConfig {
+    fn parse(json: &str, vision: &VisionConfig) -> Result<(Self, ProcessorFields), PluginError> {
+        let root: Value = if json.trim().is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_json::from_str(json).map_err(|e| invalid(format!("processor config: {e}")))?
+        };
+        let p = root.get("image_processor").unwrap_or(&root);
+        let bool_or = |key: &str, default: bool| p.get(key).and_then(Value::as_bool).unwrap_or(default);
+        let side = vision.image_size as u32;
+        let resize = match p.get("size") {
+            Some(v) if !v.is_null() => size_entry(v, "size", false)?,
+            _ => Resize::ShortestEdge { shortest: side, longest: None },
+        };
+        let crop = match p.get("crop_size") {
+            Some(v) if !v.is_null() => match size_entry(v, "crop_size", true)? {
+                Resize::Exact { height, width } => (height, width),
+                Resize::ShortestEdge { .. } => {
+                    return Err(PluginError::unsupported("crop_size must be height and width"));
+                }
+            },
+            _ => (side, side),
+        };
+        let resample = opt_u64(p, "resample", "resample")?.map_or(3, |r| r as u32);
+        if Resample::from_pil(resample).is_none() {
+            return Err(PluginError::unsupported(format!(
+                "pil resampling filter {resample} (bilinear 2 and bicubic 3 are implemented)"
+            )));
+        }
+        let rescale = p.get("rescale_factor").and_then(Value::as_f64).unwrap_or(1.0 / 255.0);
+        let mean = triple(p.get("image_mean"), CLIP_MEAN, "image_mean")?;
+        let std = triple(p.get("image_std"), CLIP_STD, "image_std")?;
+        let config = Self {
+            resize: bool_or("do_resize", true).then_some(resize),
+            resample,
+            crop: bool_or("do_center_crop", true).then_some(crop),
+            rescale_factor: bool_or("do_rescale", true).then_some(rescale),
+            mean_std: bool_or("do_normalize", true).then_some((mean, std)),
+        };
+        // The tower takes one square; the processor must make it for every image.
+        let made = match (config.crop, config.resize) {
+            (Some(crop), _) => Some(crop),
+            (None, Some(Resize::Exact { height, width })) => Some((height, width)),
+            _ => None,
+        };
+        if made != Some((side, side)) {
+            let what = made.map_or("images of the input's own shape".to_owned(), |(h, w)| format!("{w}x{h} images"));
+            return Err(PluginError::unsupported(format!(
+                "the image processor makes {what}; the CLIP tower takes {side}x{side}"
+            )));
+        }
+        let text = |key: &str| root.get(key).and_then(Value::as_str).map(str::to_owned);
+        let fields = ProcessorFields {
+            patch_size: opt_u64(&root, "patch_size", "patch_size")?,
+            num_additional_image_tokens: opt_u64(&root, "num_additional_image_tokens", "num_additional_image_tokens")?,
+            select: text("vision_feature_select_strategy"),
+            image_token: text("image_token"),
+        };
+        Ok((config, fields))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fixture_config, fixture_json};
+
+    #[test]
+    fn the_fixture_config_parses_with_every_field_the_family_needs() {
+        let c = fixture_config();
+        assert_eq!((c.model_type.as_str(), c.architecture.as_str()), ("llava", "LlavaForConditionalGeneration"));
+        assert_eq!((c.text_hidden_size, c.image_token_id, c.image_token.as_str()), (64, 387, "<image>"));
+        assert_eq!((c.image_seq_length, c.feature_tokens()), (Some(16), 16));
+        // -2 of 4 hidden states (embeddings and three layers) is the second layer's output.
+        assert_eq!((c.feature_layers.as_slice(), c.layers_needed()), (&[2][..], 2));
+        assert_eq!((c.select, c.projector_act, c.projector_bias), (SelectStrategy::Default, Act::Gelu, true));
+        let v = &c.vision;
+        assert_eq!((v.hidden_size, v.intermediate_size, v.num_layers, v.num_heads, v.head_dim()), (32, 64, 3, 2, 16));
+        assert_eq!((v.image_size, v.patch_size, v.grid(), v.patches()), (56, 14, 4, 16));
+        assert_eq!((v.act, v.layer_norm_eps), (Act::QuickGelu, 1e-5));
+        let p = &c.processor;
+        assert_eq!(p.resize, Some(Resize::ShortestEdge { shortest: 56, longest: None }));
+        assert_eq!((p.crop, p.resample, p.rescale_factor), (Some((56, 56)), 3, Some(0.00392156862745098)));
+        assert_eq!(p.mean_std, Some((CLIP_MEAN.map(|x| x as f32), CLIP_STD.map(|x| x as f32))));
+        // transformers 5.24 saved the tower without `vision_model.`.
+        assert_eq!(c.vision_prefix, "vision_tower.");
+    }
+
+    /// A llava-1.5 style config: sparse sub-configs, transformers 4, a flat preprocessor config.
+    const HUB_CONFIG: &str = r#"{"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+        "image_token_index": 32000, "projector_hidden_act": "gelu", "transformers_version": "4.36.0.dev0",
+        "text_config": {"model_type": "llama", "vocab_size": 32064},
+        "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+          "model_type": "clip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 24,
+          "patch_size": 14, "projection_dim": 768},
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default"}"#;
+    const HUB_PREPROCESSOR: &str = r#"{"crop_size": {"height": 336, "width": 336}, "do_center_crop": true,
+        "do_normalize": true, "do_rescale": true, "do_resize": true, "image_processor_type": "CLIPImageProcessor",
+        "resample": 3, "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 336}}"#;
+
+    #[test]
+    fn a_llava_1_5_config_takes_the_references_defaults() {
+        let c = LlavaConfig::parse(HUB_CONFIG, HUB_PREPROCESSOR).expect("parse");
+        assert_eq!((c.text_hidden_size, c.feature_tokens(), c.feature_layers.as_slice()), (4096, 576, &[23][..]));
+        assert_eq!((c.vision.act, c.vision.layer_norm_eps, c.vision.head_dim()), (Act::QuickGelu, 1e-5, 64));
+        assert_eq!(c.vision_prefix, "vision_tower.vision_model.");
+        // No processor config at all: the tower's own square.
+        let c = LlavaConfig::parse(HUB_CONFIG, "").expect("parse");
+        assert_eq!(c.processor.resize, Some(Resize::ShortestEdge { shortest: 336, longest: None }));
+        assert_eq!(c.processor.crop, Some((336, 336)));
+        // Ints as older configs write them.
+        let old = r#"{"size": 336, "crop_size": 336}"#;
+        assert_eq!(LlavaConfig::parse(HUB_CONFIG, old).expect("parse").processor, c.processor);
+    }
+
+    #[test]
+    fn the_full_strategy_keeps_the_class_row_and_layer_lists_concatenate() {
+        let config = fixture_json("config.json")
+            .replace(r#""vision_feature_layer": -2"#, r#""vision_feature_layer": [0, -1, 1]"#)
+            .replace(r#""vision_feature_select_strategy": "default""#, r#""vision_feature_select_strategy": "full""#);
+        let processor = fixture_json("processor_config.json").replace(r#""default""#, r#""full""#);
+        let c = LlavaConfig::parse(&config, &processor).expect("parse");
+        assert_eq!((c.select, c.feature_tokens()), (SelectStrategy::Full, 17));
+        assert_eq!((c.feature_layers.as_slice(), c.layers_needed()), (&[0, 3, 1][..], 3));
+    }
+
+    /// `config.json` of the fixture with `from` replaced by `to`, parsed with its processor.
+    fn parse_edited(from: &str, to: &str) -> Result<LlavaConfig, PluginError> {
+        let config = fixture_json("config.json");
+        assert!(config.contains(from), "{from}");
+        LlavaConfig::parse(&config.replace(from, to), &fixture_json("processor_config.json"))
+    }
+
+    #[test]
+    fn configs_the_family_cannot_serve_are_refused_by_name() {
+        use mlxcel_plugin_api::ErrorCode;
+        let layer = r#""vision_feature_layer": -2"#;
+        let err = parse_edited(layer, r#""vision_feature_layer": -5"#).expect_err("out of range");
+        assert_eq!(
+            err.message.as_str(),
+            "vision_feature_layer -5 is out of range: the CLIP tower has 3 layers, so 4 hidden states (-4..=3)"
+        );
+        let err = parse_edited(layer, r#""vision_feature_layer": [1, 4]"#).expect_err("out of range");
+        assert!(err.message.starts_with("vision_feature_layer 4 is out of range"), "{err}");
+        assert!(parse_edited(layer, r#""vision_feature_layer": []"#).is_err());
+
+        let err =
+            parse_edited(r#""projector_hidden_act": "gelu""#, r#""projector_hidden_act": "relu""#).expect_err("relu");
+        assert_eq!(err.code, ErrorCode::Unsupported);
+        assert!(err.message.starts_with("projector_hidden_act `relu`"), "{err}");
+        let err = parse_edited(r#""model_type": "clip_vision_model""#, r#""model_type": "siglip_vision_model""#)
+            .expect_err("siglip");
+        assert_eq!(err.code, ErrorCode::Unsupported);
+        assert!(err.message.contains("siglip_vision_model"), "{err}");
+        let err = parse_edited(r#""image_seq_length": 16"#, r#""image_seq_length": 576"#).expect_err("seq");
+        assert!(err.message.contains("image_seq_length 576"), "{err}");
+        let err = parse_edited(
+            r#""vision_feature_select_strategy": "default""#,
+            r#""vision_feature_select_strategy": "full""#,
+        )
+        .expect_err("the processor still says default");
+        assert!(err.message.contains("disagrees"), "{err}");
+        let err = parse_edited(r#""image_size": 56"#, r#""image_size": 60"#).expect_err("not a multiple");
+        assert!(err.message.contains("not a multiple of patch_size"), "{err}");
+        let config = fixture_json("config.json").replace(r#""image_size": 56"#, r#""image_size": 70"#);
+        let err = LlavaConfig::parse(&config, &fixture_json("processor_config.json")).expect_err("5x5 patches");
+        assert!(err.message.starts_with("image_seq_length 16 disagrees with the tower's 5x5 patches"), "{err}");
+        let config = config.replace(r#""image_seq_length": 16,"#, "");
+        let err = LlavaConfig::parse(&config, &fixture_json("processor_config.json")).expect_err("crop");
+        assert_eq!(err.message.as_str(), "the image processor makes 56x56 images; the CLIP tower takes 70x70");
+        let err = LlavaConfig::parse("{", "").expect_err("json");
+        assert!(err.message.starts_with("config.json: "), "{err}");
+        let err = LlavaConfig::parse(r#"{"model_type": "llava"}"#, "").expect_err("no token");
+        assert_eq!(err.message.as_str(), "config.json: no image_token_index");
+    }
+
+    #[test]
+    fn processors_that_do_not_make_the_towers_square_are_refused() {
+        let config = fixture_json("config.json");
+        let no_crop = r#"{"image_processor": {"size": {"shortest_edge": 56}, "do_center_crop": false}}"#;
+        let err = LlavaConfig::parse(&config, no_crop).expect_err("variable shape");
+        assert_eq!(
+            err.message.as_str(),
+            "the image processor makes images of the input's own shape; the CLIP tower takes 56x56"
+        );
+        let exact = r#"{"image_processor": {"size": {"height": 56, "width": 56}, "do_center_crop": false}}"#;
+        let c = LlavaConfig::parse(&config, exact).expect("an exact resize makes the square");
+        assert_eq!((c.processor.resize, c.processor.crop), (Some(Resize::Exact { height: 56, width: 56 }), None));
+        let nearest = r#"{"image_processor": {"resample": 0}}"#;
+        assert!(LlavaConfig::parse(&config, nearest).expect_err("nearest").message.contains("filter 0"));
+        let tokens = r#"{"num_additional_image_tokens": 0}"#;
+        assert!(LlavaConfig::parse(&config, tokens).expect_err("no cls").message.contains("class token"));
+        let patch = r#"{"patch_size": 16}"#;
+        assert!(LlavaConfig::parse(&config, patch).expect_err("patch").message.contains("patch_size 16"));
+    }
+}
