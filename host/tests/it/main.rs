@@ -3,6 +3,7 @@
 mod decoder;
 mod generate;
 mod generate_image;
+mod llava;
 mod plugins;
 mod qwen2_vl;
 mod server;
