@@ -192,6 +192,7 @@ pub(crate) fn contract_input(
     if !contract.injections.is_empty() {
         bail!("the {plugin} plugin asks for per-layer injections, which generate does not place yet");
     }
+    check_text_scale(contract.text_scale, decoder.embed_scale(), plugin)?;
     let text = decoder.embed(ids).context("embedding the prompt")?;
     let mut rows = Vec::new();
     for placement in contract.placements.iter() {
@@ -417,20 +418,31 @@ pub(crate) fn shim_dtype(dtype: DType) -> mlxcel_shim::DType {
     }
 }
 
-/// The text embeddings `[n, hidden]` scaled by the contract's `text_scale`, with each placement's
-/// feature rows (`features[i]` for placement `i`) written over its positions.
+/// Refuses a contract whose `text_scale` is not the checkpoint decoder's own embedding scale: the
+/// merge applies `text_scale` once to the decoder's raw rows, and the token path (text-only
+/// prompts, decode) applies the decoder's scale, so anything else would scale the prompt's text
+/// differently from the text the model generates.
+fn check_text_scale(text_scale: f32, decoder_scale: f32, plugin: &str) -> Result<()> {
+    if text_scale.to_bits() != decoder_scale.to_bits() {
+        bail!(
+            "the {plugin} plugin's contract scales text embeddings by {text_scale}, but the checkpoint's decoder \
+             scales its token embeddings by {decoder_scale}; they must be equal"
+        );
+    }
+    Ok(())
+}
+
+/// The raw text embeddings `[n, hidden]` scaled once by the contract's `text_scale` (as the
+/// decoder's token path scales them: [`Decoder::scale_embeddings`]), with each placement's feature
+/// rows (`features[i]` for placement `i`) written over its positions, unscaled.
 fn merge(text: &HostTensor, contract: &PrefillContract, features: &[Vec<f32>]) -> Result<HostTensor> {
     if text.dtype() != mlxcel_shim::DType::F32 {
         bail!("the decoder embeds in {}; merging image features supports f32 embeddings only", text.dtype());
     }
     let shape = text.shape().to_vec();
     let [n, hidden] = shape[..] else { bail!("the text embeddings have shape {shape:?}, not [n, hidden]") };
-    let mut values: Vec<f32> = text.to_vec()?;
-    if contract.text_scale != 1.0 {
-        for v in &mut values {
-            *v *= contract.text_scale;
-        }
-    }
+    let scaled = Decoder::scale_embeddings(text, contract.text_scale)?;
+    let mut values: Vec<f32> = scaled.to_vec()?;
     for (placement, rows) in contract.placements.iter().zip(features) {
         let (start, count) = (placement.token_start as usize, placement.rows as usize);
         if start + count > n {
@@ -493,6 +505,20 @@ fn bidirectional(contract: &PrefillContract) -> Result<Vec<std::ops::Range<usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_scale_other_than_the_decoders_own_is_refused_naming_both() {
+        assert!(check_text_scale(8.0, 8.0, "gemma3").is_ok());
+        assert!(check_text_scale(1.0, 1.0, "qwen2-vl").is_ok());
+        let err = check_text_scale(1.0, 8.0, "gemma3").expect_err("missing scale").to_string();
+        assert_eq!(
+            err,
+            "the gemma3 plugin's contract scales text embeddings by 1, but the checkpoint's decoder scales its token \
+             embeddings by 8; they must be equal"
+        );
+        let err = check_text_scale(8.0, 1.0, "acme").expect_err("a scale the decoder does not have").to_string();
+        assert!(err.contains("by 8, but the checkpoint's decoder scales its token embeddings by 1"), "{err}");
+    }
 
     #[test]
     fn padding_places_each_row_at_the_start_of_the_larger_shape() {

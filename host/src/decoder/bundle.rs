@@ -114,8 +114,9 @@ impl Fingerprint {
     }
 }
 
-/// Bump when an export's arguments or results change.
-const ABI_SCHEMA: &str = "decoder-abi-v1: embed(tokens) prefill_tokens(tokens,pos,masks,slot,start) \
+/// Bump when an export's arguments or results change (v2: `embed` returns the table's rows
+/// unscaled; the token paths still scale them).
+const ABI_SCHEMA: &str = "decoder-abi-v2: embed(tokens)->raw-rows prefill_tokens(tokens,pos,masks,slot,start) \
 prefill_embeddings(x,pos,masks,slot,start[,injections]) decode(tokens,pos,write,masks) kv_slot(slot)";
 
 /// sha256 over the checkpoint's tensor table and file sizes.
@@ -325,7 +326,45 @@ impl Decoder {
         self.prefill(slot, Prefill::Embeddings(embeddings, extras), positions)
     }
 
-    /// Embeds tokens with the checkpoint's embedding table: `[n, hidden]`.
+    /// The factor the token paths (`prefill_tokens`, `decode`) apply to embedding rows before
+    /// the first layer: the family's embedding scale (Gemma's `sqrt(hidden)` in f32), 1.0 when
+    /// the family has none. A caller that prefills from [`Decoder::embed`]'s rows applies it
+    /// with [`Decoder::scale_embeddings`].
+    pub fn embed_scale(&self) -> f32 {
+        self.config.embed_scale.unwrap_or(1.0)
+    }
+
+    /// `rows * scale` as torch computes `embedding(ids) * scale.to(weight dtype)` and as the
+    /// token paths do in the graph: the f32 `scale` rounded once to the rows' dtype, then each
+    /// product rounded to it. f32 and bf16 rows; `[n, hidden]` in, the same shape out.
+    pub fn scale_embeddings(rows: &HostTensor, scale: f32) -> Result<HostTensor, DecoderError> {
+        let bytes = rows.bytes();
+        let scaled: Vec<u8> = match rows.dtype() {
+            DType::F32 => bytes
+                .chunks_exact(4)
+                .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * scale).to_le_bytes())
+                .collect(),
+            DType::BF16 => {
+                let k = bf16_to_f32(f32_to_bf16(scale));
+                bytes
+                    .chunks_exact(2)
+                    .flat_map(|c| {
+                        let x = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                        // The product of two bf16 values is exact in f32; one rounding to bf16.
+                        f32_to_bf16(x * k).to_le_bytes()
+                    })
+                    .collect()
+            }
+            other => {
+                return Err(DecoderError::Embeddings(format!("cannot scale {other} embeddings (f32 or bf16 only)")));
+            }
+        };
+        Ok(HostTensor::from_bytes(rows.dtype(), rows.shape().to_vec(), scaled)?)
+    }
+
+    /// The checkpoint's embedding-table rows for `tokens`, `[n, hidden]` in the activation
+    /// dtype, unscaled: prefilling them through `prefill_embeddings` after
+    /// [`Decoder::scale_embeddings`] by [`Decoder::embed_scale`] is exactly `prefill_tokens`.
     pub fn embed(&mut self, tokens: &[u32]) -> Result<HostTensor, DecoderError> {
         self.check_tokens(tokens)?;
         let (chunk, h) = (self.options.shape.chunk, self.config.hidden);
@@ -544,6 +583,21 @@ impl Decoder {
     }
 }
 
+/// A bf16 value (its bits) widened to f32, exactly.
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// An f32 rounded to bf16 (to nearest, ties to even; NaN stays NaN), as torch rounds.
+fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let lsb = (bits >> 16) & 1;
+    (bits.wrapping_add(0x7fff + lsb) >> 16) as u16
+}
+
 /// The runtime's name for an emitted element type.
 fn runtime_dtype(e: Elem) -> Option<DType> {
     Some(match e {
@@ -662,4 +716,42 @@ fn chunk_positions(streams: &[Vec<i32>], start: usize, real: usize, chunk: usize
     }
     let shape = if streams.len() == 3 { vec![3, chunk] } else { vec![chunk] };
     Ok(HostTensor::from_slice(shape, &flat)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even (1.0).
+        assert_eq!(f32_to_bf16(1.0 + 1.0 / 256.0), 0x3f80);
+        // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: up to the even.
+        assert_eq!(f32_to_bf16(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(f32_to_bf16(1.0 + 1.5 / 256.0), 0x3f81);
+        assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+        assert_eq!(bf16_to_f32(f32_to_bf16(-2.5)), -2.5);
+    }
+
+    #[test]
+    fn scaling_rounds_the_scale_then_each_product_to_the_rows_dtype() {
+        // sqrt(3072) = 55.4256...: bf16 keeps 55.5, and 1.0078125 * 55.5 = 55.93359375 rounds to 56.0.
+        let scale = (3072f64).sqrt() as f32;
+        let rows = HostTensor::from_bytes(
+            DType::BF16,
+            vec![1, 2],
+            [0x3f81u16, 0x3f80].iter().flat_map(|b| b.to_le_bytes()).collect(),
+        )
+        .expect("bf16 rows");
+        let out = Decoder::scale_embeddings(&rows, scale).expect("scale");
+        let values: Vec<f32> =
+            out.bytes().chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect();
+        assert_eq!(values, [56.0, 55.5]);
+        let rows = HostTensor::from_slice(vec![1, 2], &[1.5f32, -2.0]).expect("f32 rows");
+        let out: Vec<f32> = Decoder::scale_embeddings(&rows, 8.0).expect("scale").to_vec().expect("f32");
+        assert_eq!(out, [12.0, -16.0]);
+        let ints = HostTensor::from_slice(vec![1, 2], &[1i32, 2]).expect("i32 rows");
+        assert!(matches!(Decoder::scale_embeddings(&ints, 8.0), Err(DecoderError::Embeddings(_))));
+    }
 }

@@ -1,7 +1,8 @@
 //! The decoder bundle as StableHLO: one module whose exports share one
 //! packed, device-resident KV cache.
 //!
-//! - `embed(tokens[T]) -> [T, H]`
+//! - `embed(tokens[T]) -> [T, H]`: the embedding table's rows, unscaled (a caller that
+//!   prefills from embeddings applies the family's scale itself, once)
 //! - `prefill_embeddings(x[T, H], pos[T], mask[K, T, C], slot, start) -> logits[T, V]`
 //! - `prefill_tokens(tokens[T], pos[T], mask[K, T, C], slot, start) -> logits[T, V]`
 //! - `decode(tokens[S], pos[S], write[S], mask[K, S, C]) -> logits[S, V]`
@@ -153,9 +154,9 @@ pub fn emit(
     let pos_ty = |n: usize| if streams == 3 { Type::new(Elem::I32, &[3, n]) } else { Type::new(Elem::I32, &[n]) };
     let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, cap]);
 
-    // embed
+    // embed: raw rows; the token paths below scale them in the graph.
     let (mut f, a) = m.func("embed", &[i32s(t)]);
-    let x = e.embed(&mut f, &a[0]);
+    let x = e.rows(&mut f, &a[0]);
     m.add_func(f, &[x]);
 
     // prefill_embeddings
@@ -203,10 +204,17 @@ pub fn emit(
 }
 
 impl Emitter<'_> {
-    fn embed(&self, f: &mut Func, tokens: &Value) -> Value {
+    /// The embedding table's rows for `tokens`, in the activation dtype.
+    fn rows(&self, f: &mut Func, tokens: &Value) -> Value {
         let table = f.load(&self.w.embed);
         let rows = f.gather_rows(&table, tokens);
-        let rows = f.convert(&rows, self.c.activations);
+        f.convert(&rows, self.c.activations)
+    }
+
+    /// The rows scaled by the family's embedding scale (Gemma's `sqrt(hidden)`): what the token
+    /// paths feed the layers.
+    fn embed(&self, f: &mut Func, tokens: &Value) -> Value {
+        let rows = self.rows(f, tokens);
         match self.cfg.embed_scale {
             // torch multiplies by the f32 scale cast to the weight dtype.
             Some(scale) => {

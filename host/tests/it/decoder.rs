@@ -332,23 +332,46 @@ fn bad_requests_get_their_own_errors_and_change_nothing() {
     assert_eq!(dec.len(0), before, "a refused request leaves the other slot alone");
 }
 
-/// Seeding a slot from embeddings is the same computation as from tokens:
-/// the logits and every layer's K and V agree exactly.
-#[test]
-fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
-    let mut dec = load("qwen3", SHAPE);
-    let g = golden("qwen3", "long");
+/// `embed`'s raw rows, scaled by the decoder's own embedding scale as the
+/// host's merge scales them (`Decoder::scale_embeddings`), prefilled from
+/// embeddings, are the same computation as `prefill_tokens`.
+fn embeddings_equal_tokens(dec: &mut Decoder, g: &Golden) -> Vec<f32> {
     let from_tokens = dec.prefill_tokens(0, &g.input_ids).expect("prefill tokens");
-    let x = dec.embed(&g.input_ids).expect("embed");
-    assert_eq!(x.shape(), &[g.input_ids.len(), dec.config().hidden]);
+    let raw = dec.embed(&g.input_ids).expect("embed");
+    assert_eq!(raw.shape(), &[g.input_ids.len(), dec.config().hidden]);
+    let x = Decoder::scale_embeddings(&raw, dec.embed_scale()).expect("scale");
     let from_embeddings =
         dec.prefill_embeddings(1, &x, &Positions::Sequential, &Extras::default()).expect("prefill embeddings");
     assert_eq!(from_tokens, from_embeddings, "logits");
     assert_eq!(dec.len(0), dec.len(1));
     let (k0, k1) = (dec.kv_slot(0).expect("kv 0"), dec.kv_slot(1).expect("kv 1"));
-    assert_eq!(k0.len(), 2 * 2 * g.input_ids.len() * 2 * 32, "layers x (k, v) x rows x kv heads x head dim");
     assert_eq!(k0, k1, "every layer's K and V");
     assert!(k0.iter().any(|&v| v != 0.0), "the cache was written");
+    k0
+}
+
+/// Seeding a slot from embeddings is the same computation as from tokens:
+/// the logits and every layer's K and V agree exactly. `embed` returns the
+/// table's rows unscaled; Gemma3's sqrt(hidden) is applied once, by the
+/// caller, as the token path applies it in the graph.
+#[test]
+fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
+    let mut gemma = load("gemma3_text", SHAPE);
+    let g = golden("gemma3_text", "long");
+    assert_eq!(gemma.embed_scale(), 8.0, "sqrt(64)");
+    embeddings_equal_tokens(&mut gemma, &g);
+    // The raw rows are the table's: scaling them is what makes the difference.
+    let raw = gemma.embed(&g.input_ids).expect("embed");
+    let scaled = Decoder::scale_embeddings(&raw, 8.0).expect("scale");
+    let (r, s): (Vec<f32>, Vec<f32>) = (raw.to_vec().expect("raw"), scaled.to_vec().expect("scaled"));
+    assert!(r.iter().zip(&s).all(|(r, s)| r * 8.0 == *s) && r != s, "embed is unscaled");
+    drop(gemma);
+
+    let mut dec = load("qwen3", SHAPE);
+    let g = golden("qwen3", "long");
+    assert_eq!(dec.embed_scale(), 1.0, "qwen3 does not scale its embeddings");
+    let k0 = embeddings_equal_tokens(&mut dec, &g);
+    assert_eq!(k0.len(), 2 * 2 * g.input_ids.len() * 2 * 32, "layers x (k, v) x rows x kv heads x head dim");
 
     // Wrong dtype or hidden size is refused before any native call.
     let ints = mlxcel_shim::HostTensor::from_slice(vec![2, 64], &[0i32; 128]).expect("tensor");
