@@ -39,7 +39,7 @@ use super::tokens::Pieces;
 use crate::exec::DeviceArgs;
 use crate::multimodal::{Encoders, contract_input, preprocess, processor_json, read_text};
 
-/// The prefill chunk of the decoder bundle verify compiles.
+/// The unit of the decoder bundle's prefill chunk (see [`Kit::decoder_chunk`]).
 const CHUNK: usize = 32;
 /// Greedy steps checked when a golden does not say (the oracle records 16).
 const GREEDY_STEPS: usize = 16;
@@ -142,7 +142,9 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
     let Some(config) = config else {
         bail!("verify failed at stage config: {}", failure_text(&config_stage));
     };
-    let mut kit = Kit::new(plugin, &fixture, config, &args.device, capacity(&goldens));
+    let mut kit = Kit::new(plugin, &fixture, config, &args.device);
+    kit.chunk = kit.decoder_chunk(&goldens);
+    kit.capacity = capacity(&goldens, kit.chunk);
     let mut results: Vec<(String, Stage)> = vec![("(fixture)".to_owned(), config_stage)];
     let checkpoint_stage = kit.checkpoint_stage();
     println!("  {checkpoint_stage}");
@@ -191,7 +193,7 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
 
 /// A context capacity for every variant's prompt and its greedy steps, in whole chunks, so one
 /// bundle serves the whole run.
-fn capacity(goldens: &[Golden]) -> usize {
+fn capacity(goldens: &[Golden], chunk: usize) -> usize {
     let rows = goldens
         .iter()
         .map(|g| {
@@ -201,7 +203,7 @@ fn capacity(goldens: &[Golden]) -> usize {
         })
         .max()
         .unwrap_or(0);
-    rows.div_ceil(CHUNK).max(1) * CHUNK
+    rows.div_ceil(chunk).max(1) * chunk
 }
 
 fn failure_text(stage: &Stage) -> &str {
@@ -297,6 +299,8 @@ struct Kit<'a> {
     pieces: Option<Result<Pieces, String>>,
     /// The checkpoint's decoder, compiled on first use and kept for every variant.
     decoder: Option<Result<Decoder, String>>,
+    /// The decoder's prefill chunk.
+    chunk: usize,
     /// The decoder's context capacity.
     capacity: usize,
     /// Per variant whose `tokens` stage ran: greedy tokens matched and compared.
@@ -324,13 +328,7 @@ enum Stopped {
 }
 
 impl<'a> Kit<'a> {
-    fn new(
-        plugin: &'a LoadedPlugin,
-        fixture: &'a Fixture,
-        config: ModelConfig,
-        device_args: &'a DeviceArgs,
-        capacity: usize,
-    ) -> Self {
+    fn new(plugin: &'a LoadedPlugin, fixture: &'a Fixture, config: ModelConfig, device_args: &'a DeviceArgs) -> Self {
         let encoders = Encoders::new(fixture.dir(), device_args);
         Self {
             plugin,
@@ -340,9 +338,35 @@ impl<'a> Kit<'a> {
             encoders,
             pieces: None,
             decoder: None,
-            capacity,
+            chunk: CHUNK,
+            capacity: CHUNK,
             greedy: Vec::new(),
         }
+    }
+
+    /// The prefill chunk for the decoder: the smallest multiple of [`CHUNK`] that holds the
+    /// largest bidirectional block of any variant's contract. The decoder prefills a block's
+    /// rows in one call (they must see each other) and refuses a block longer than its chunk, so
+    /// a fixed 32 would fail a family whose image blocks are longer (Gemma3's hub checkpoints
+    /// have 256 soft tokens per image) at the logits stage for the kit's reason, not the
+    /// plugin's. Variants whose media or contract fail here are left to their own stages.
+    fn decoder_chunk(&self, goldens: &[Golden]) -> usize {
+        let mut largest = 0usize;
+        for golden in goldens {
+            let Ok(media) = self.media(golden) else { continue };
+            let Ok(items) = media.iter().map(|m| self.preprocess(m)).collect::<Result<Vec<_>>>() else { continue };
+            let metas: Vec<ItemMeta> = media
+                .iter()
+                .zip(&items)
+                .map(|(m, p)| ItemMeta { modality: m.modality, grid: p.grid.clone() })
+                .collect();
+            if let Ok(contract) = self.contract(golden, &metas) {
+                for block in contract.mask.blocks.iter().filter(|b| b.allow) {
+                    largest = largest.max(block.rows.max(block.cols) as usize);
+                }
+            }
+        }
+        largest.div_ceil(CHUNK).max(1) * CHUNK
     }
 
     /// `check_checkpoint` over the fixture's tensor index.
@@ -510,12 +534,12 @@ impl<'a> Kit<'a> {
         steps: usize,
     ) -> Result<Trajectory, Stopped> {
         let ids = golden_ids(golden).map_err(Stopped::Embeddings)?;
-        let capacity = self.capacity;
+        let (chunk, capacity) = (self.chunk, self.capacity);
         let device_args = self.device_args;
         let decoder = self
             .decoder
             .get_or_insert_with(|| {
-                load_decoder(self.fixture.dir(), device_args, capacity).map_err(|e| format!("{e:#}"))
+                load_decoder(self.fixture.dir(), device_args, chunk, capacity).map_err(|e| format!("{e:#}"))
             })
             .as_mut()
             .map_err(|e| Stopped::Embeddings(format!("loading the decoder: {e}")))?;
@@ -674,14 +698,14 @@ impl<'a> Kit<'a> {
 }
 
 /// Compiles (through the compile cache) and loads the checkpoint's decoder with one slot.
-fn load_decoder(checkpoint: &Path, device_args: &DeviceArgs, capacity: usize) -> Result<Decoder> {
+fn load_decoder(checkpoint: &Path, device_args: &DeviceArgs, chunk: usize, capacity: usize) -> Result<Decoder> {
     let started = std::time::Instant::now();
     let compiler = Compiler::locate()?;
     let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
     let driver: Driver = device_args.driver.parse()?;
     let device = Device::new(driver)?;
     let options = DecoderOptions {
-        shape: BundleShape { chunk: CHUNK, capacity, slots: 1 },
+        shape: BundleShape { chunk, capacity, slots: 1 },
         target: Target::Cpu { cpu: device_args.target_cpu.clone() },
         ..DecoderOptions::default()
     };
@@ -691,7 +715,7 @@ fn load_decoder(checkpoint: &Path, device_args: &DeviceArgs, capacity: usize) ->
         CacheOutcome::Compiled { .. } => "compiled",
     };
     eprintln!(
-        "decoder: {how} in {:.2} s (capacity {capacity}, chunk {CHUNK}, one slot, cache {})",
+        "decoder: {how} in {:.2} s (capacity {capacity}, chunk {chunk}, one slot, cache {})",
         started.elapsed().as_secs_f64(),
         cache.dir().display()
     );
