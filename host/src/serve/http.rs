@@ -218,6 +218,8 @@ async fn start(
         Some(Event::Queued) => {}
         Some(Event::Refused(refusal)) => return Err(refused(refusal)),
         Some(other) => return Err(ApiError::internal(format!("the engine answered {other:?} before accepting"))),
+        // The engine stopped (after a drain) with the job still in its inbox.
+        None if state.draining.load(Ordering::Relaxed) => return Err(draining()),
         None => return Err(ApiError::internal("the engine dropped the request")),
     }
     let accepted = Accepted {

@@ -17,7 +17,8 @@ import time
 import zlib
 from pathlib import Path
 
-import httpx
+import urllib.error
+import urllib.request
 import openai
 
 GREEDY = {"temperature": 0, "max_tokens": 16}
@@ -164,7 +165,8 @@ def scenario_concurrent(client, args):
 
 
 def metric(base, name):
-    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
+    with urllib.request.urlopen(base.removesuffix("/v1") + "/metrics") as response:
+        text = response.read().decode()
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
@@ -238,12 +240,19 @@ def scenario_errors(client, args):
         return [{"role": "user", "content": parts + [{"type": "text", "text": text}]}]
 
     seen = {}
-    raw = httpx.post(
-        args.base_url + "/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"}
+    request = urllib.request.Request(
+        args.base_url + "/chat/completions",
+        data=b'{"model": "x", "messages": [',
+        headers={"content-type": "application/json"},
     )
-    assert raw.status_code == 400, raw.text
-    assert raw.json()["error"]["code"] == "invalid_json", raw.text
-    seen["malformed_json"] = raw.json()["error"]["message"]
+    try:
+        urllib.request.urlopen(request)
+        raise AssertionError("malformed json was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400, e.code
+        body = json.loads(e.read())
+    assert body["error"]["code"] == "invalid_json", body
+    seen["malformed_json"] = body["error"]["message"]
     seen["unknown_model"] = expect_error(
         404, "model_not_found", lambda: client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     )
