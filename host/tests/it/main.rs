@@ -1,6 +1,7 @@
 //! Host integration tests against the oracle's goldens (tests/fixtures).
 
 mod decoder;
+mod gemma3;
 mod generate;
 mod generate_image;
 mod llava;
