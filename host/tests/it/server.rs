@@ -150,7 +150,7 @@ fn golden(variant: &str) -> serde_json::Value {
 #[test]
 fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are_refused() {
     // Qwen2-VL's image capabilities are qualified: served without --allow-unqualified.
-    let server = Server::start(&["--slots", "4"]);
+    let server = Server::start(&["--slots", "4", "--max-body-bytes", "2000000"]);
     let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
 
     // The golden greedy tokens as the server names them (each token decoded alone) and as text.
