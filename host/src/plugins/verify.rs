@@ -191,6 +191,11 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
     Ok(())
 }
 
+/// The smallest multiple of [`CHUNK`] (at least one) that holds a block of `rows`.
+fn chunk_holding(rows: usize) -> usize {
+    rows.div_ceil(CHUNK).max(1) * CHUNK
+}
+
 /// A context capacity for every variant's prompt and its greedy steps, in whole chunks, so one
 /// bundle serves the whole run.
 fn capacity(goldens: &[Golden], chunk: usize) -> usize {
@@ -366,7 +371,7 @@ impl<'a> Kit<'a> {
                 }
             }
         }
-        largest.div_ceil(CHUNK).max(1) * CHUNK
+        chunk_holding(largest)
     }
 
     /// `check_checkpoint` over the fixture's tensor index.
@@ -965,6 +970,14 @@ mod tests {
         assert!(short.starts_with("token 2 of 4: the golden has id 7 \"<img>\""), "{short}");
         let long = match_tokens(b"a<img><img> b a", &[0, 7, 7, 1], &pieces).expect_err("text left over");
         assert!(long.contains("continues after the golden's 4 tokens"), "{long}");
+    }
+
+    #[test]
+    fn the_decoder_chunk_holds_the_largest_bidirectional_block() {
+        // No blocks or the fixture's 16-row image blocks keep 32; Gemma3's hub checkpoints (256
+        // soft tokens per image) need 256.
+        let chunks: Vec<usize> = [0, 16, 32, 33, 256].map(chunk_holding).to_vec();
+        assert_eq!(chunks, [32, 32, 32, 64, 256]);
     }
 
     #[test]
