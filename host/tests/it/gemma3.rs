@@ -6,9 +6,8 @@
 //! attention only, text scaled twice, text not scaled) leave the golden logits' 1e-4 tolerance
 //! while the right way stays inside it.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use mlxcel_golden::{Fixture, Golden};
@@ -270,88 +269,9 @@ fn wrong_merges_diverge_from_the_golden_logits_and_the_right_one_does_not() {
     }
 }
 
-/// A running server; killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
-            .arg("serve")
-            .arg("--model")
-            .arg(fixture())
-            .arg("--plugins")
-            .arg(plugins())
-            .args(["--port", "0", "--context", "256", "--chunk", "32"])
-            .args(extra)
-            .env_remove("MLXCEL_PLUGINS")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the server");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let base = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(addr) = line.strip_prefix("listening on ") {
-                        break addr.trim().to_owned();
-                    }
-                }
-                _ => {
-                    let _ = child.kill();
-                    panic!("the server ended before listening");
-                }
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Server { child, base }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The golden image and two-image requests among eight mixed text and image requests (greedy
-/// and seeded) sent at once through the openai client: each gives what it gives alone, and the
-/// golden ones give the golden tokens. This is the manifest's `batched` evidence.
+/// The golden image and two-image requests inside a mixed batch through the server give the
+/// golden tokens: the manifest's `batched` evidence.
 #[test]
 fn the_golden_image_requests_inside_a_mixed_batch_give_the_golden_tokens() {
-    let venv = std::env::var_os("MLXCEL_VENV").map_or_else(|| workspace().join(".venv"), PathBuf::from);
-    let python = venv.join("bin/python");
-    assert!(python.exists(), "{} is missing: source tools/dev/setup.sh", python.display());
-    // Qualified capabilities are served without --allow-unqualified.
-    let server = Server::start(&["--slots", "4"]);
-    let output = Command::new(python)
-        .arg(workspace().join("host/tests/server/openai_client.py"))
-        .arg("concurrent")
-        .args(["--server-pid", &server.child.id().to_string()])
-        .args(["--base-url", &format!("{}/v1", server.base)])
-        .args(["--model", "gemma3"])
-        .arg("--fixture")
-        .arg(fixture())
-        .output()
-        .expect("run the openai client");
-    assert!(
-        output.status.success(),
-        "the concurrent scenario failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let got: serde_json::Value = serde_json::from_slice(&output.stdout).expect("the scenario prints json");
-    assert_eq!(got["alone"], got["together"]);
-    let tokenizer = mlxcel_host::text::Tokenizer::load(&fixture()).expect("tokenizer");
-    for variant in ["image", "two_images"] {
-        let golden: Vec<String> = ids(&golden_json(variant)["greedy_tokens"])
-            .iter()
-            .map(|&id| tokenizer.decode(&[id as u32], false).expect("decode"))
-            .collect();
-        assert_eq!(got["goldens_batched"][variant], serde_json::json!(golden), "{variant} in a mixed batch: tokens");
-    }
+    crate::server::mixed_batch_gives_the_golden_tokens("gemma3");
 }

@@ -114,7 +114,8 @@ fn image_prompts_give_the_golden_greedy_tokens() {
             golden["images"].as_array().expect("images").iter().map(|p| dir.join(p.as_str().expect("path"))).collect();
         let parts = golden["messages"][0]["content"].as_array().expect("parts");
         let text = parts.iter().find(|p| p["type"] == "text").and_then(|p| p["text"].as_str()).expect("text part");
-        let out = generate(&images, text, &["--allow-unqualified"]);
+        // Qualified capabilities are served without --allow-unqualified.
+        let out = generate(&images, text, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{variant}: {stderr}");
         let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one json object on stdout");
@@ -128,14 +129,6 @@ fn image_prompts_give_the_golden_greedy_tokens() {
 fn refused(out: &Output) -> String {
     assert!(!out.status.success(), "expected a refusal, got: {}", String::from_utf8_lossy(&out.stdout));
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-#[test]
-fn the_experimental_capabilities_need_the_flag() {
-    let dir = fixture();
-    let stderr = refused(&generate(&[dir.join("inputs/wide.png")], "Describe this image.", &[]));
-    assert!(stderr.contains("capability `image` of plugin `llava` is experimental"), "{stderr}");
-    assert!(stderr.contains("--allow-unqualified"), "{stderr}");
 }
 
 /// A grey RGB PNG of `width x height`.
@@ -158,7 +151,7 @@ fn corrupt_and_too_small_images_are_refused_clearly() {
         std::fs::write(&path, bytes).expect("write");
         path
     };
-    let flags = ["--allow-unqualified"];
+    let flags: [&str; 0] = [];
 
     // Cut off inside the image data.
     let wide = std::fs::read(fixture().join("inputs/wide.png")).expect("png");
@@ -189,4 +182,11 @@ fn corrupt_and_too_small_images_are_refused_clearly() {
     let small = write("small.png", &png(3, 2));
     let out = generate(std::slice::from_ref(&small), "Describe.", &flags);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The golden image and two-image requests inside a mixed batch through the server give the
+/// golden tokens: the manifest's `batched` evidence.
+#[test]
+fn the_golden_image_requests_inside_a_mixed_batch_give_the_golden_tokens() {
+    crate::server::mixed_batch_gives_the_golden_tokens("llava");
 }

@@ -1,7 +1,8 @@
 //! `mlxcel-host serve` on the Qwen2-VL fixture, driven by the official `openai` Python client
 //! (tests/server/openai_client.py): golden greedy tokens whole and streamed, a mixed batch equal
 //! to each request alone, cancelling mid-stream, bad requests, the capability gate, a full queue
-//! and a graceful shutdown.
+//! and a graceful shutdown. Every family's mixed-batch evidence ([`mixed_batch_gives_the_golden_tokens`])
+//! runs through the same harness.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -17,8 +18,15 @@ fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace")
 }
 
+/// The fixture a server serves, its directory name also the served model name.
+const FIXTURE: &str = "qwen2_vl";
+
+fn fixture_dir(name: &str) -> PathBuf {
+    workspace().join("tests/fixtures").join(name)
+}
+
 fn fixture() -> PathBuf {
-    workspace().join("tests/fixtures/qwen2_vl")
+    fixture_dir(FIXTURE)
 }
 
 fn plugins() -> &'static Path {
@@ -42,6 +50,8 @@ fn python() -> PathBuf {
 struct Server {
     child: Child,
     base: String,
+    /// The fixture served.
+    name: String,
     stderr: Option<std::thread::JoinHandle<String>>,
 }
 
@@ -51,10 +61,15 @@ impl Server {
     }
 
     fn start_with(plugin_dir: &Path, extra: &[&str]) -> Server {
+        Server::serving(FIXTURE, plugin_dir, extra)
+    }
+
+    /// A server on `tests/fixtures/<name>` with the plugins of `plugin_dir`.
+    fn serving(name: &str, plugin_dir: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
             .arg("serve")
             .arg("--model")
-            .arg(fixture())
+            .arg(fixture_dir(name))
             .arg("--plugins")
             .arg(plugin_dir)
             .args(["--port", "0", "--context", "256", "--chunk", "32"])
@@ -90,7 +105,7 @@ impl Server {
         };
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Server { child, base, stderr: Some(stderr) }
+        Server { child, base, name: name.to_owned(), stderr: Some(stderr) }
     }
 
     /// Runs one scenario of the client script; its JSON observations.
@@ -100,8 +115,9 @@ impl Server {
             .arg(name)
             .args(["--server-pid", &self.child.id().to_string()])
             .args(["--base-url", &format!("{}/v1", self.base)])
+            .args(["--model", &self.name])
             .arg("--fixture")
-            .arg(fixture())
+            .arg(fixture_dir(&self.name))
             .output()
             .expect("run the openai client");
         assert!(
@@ -142,9 +158,45 @@ impl Drop for Server {
     }
 }
 
-fn golden(variant: &str) -> serde_json::Value {
-    let path = fixture().join("goldens").join(format!("{variant}.json"));
+fn golden_of(name: &str, variant: &str) -> serde_json::Value {
+    let path = fixture_dir(name).join("goldens").join(format!("{variant}.json"));
     serde_json::from_str(&std::fs::read_to_string(path).expect("golden")).expect("json")
+}
+
+fn golden(variant: &str) -> serde_json::Value {
+    golden_of(FIXTURE, variant)
+}
+
+/// The golden greedy tokens of a fixture's variant as the server names them: each token decoded
+/// alone, special tokens kept (as `logprobs.content[].token`).
+fn golden_token_names(name: &str, variant: &str, tokenizer: &Tokenizer) -> serde_json::Value {
+    let names: Vec<String> = golden_of(name, variant)["greedy_tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| tokenizer.decode(&[t.as_u64().expect("id") as u32], false).expect("decode"))
+        .collect();
+    serde_json::json!(names)
+}
+
+/// Eight mixed requests (text and image, greedy and seeded, the fixture's golden image and
+/// two-image requests among them) at once through the server and the openai client: each gives
+/// what it gives alone, and the golden ones give the golden tokens. A family manifest's
+/// `batched` evidence.
+pub(crate) fn mixed_batch_gives_the_golden_tokens(name: &str) {
+    // Qualified capabilities are served without --allow-unqualified.
+    let server = Server::serving(name, plugins(), &["--slots", "4"]);
+    check_mixed_batch(&server);
+}
+
+fn check_mixed_batch(server: &Server) {
+    let got = server.scenario("concurrent");
+    assert_eq!(got["alone"], got["together"]);
+    let tokenizer = Tokenizer::load(&fixture_dir(&server.name)).expect("tokenizer");
+    for variant in ["image", "two_images"] {
+        let golden = golden_token_names(&server.name, variant, &tokenizer);
+        assert_eq!(got["goldens_batched"][variant], golden, "{}: {variant} in a mixed batch: tokens", server.name);
+    }
 }
 
 #[test]
@@ -153,8 +205,9 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     let server = Server::start(&["--slots", "4", "--max-body-bytes", "2000000"]);
     let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
 
-    // The golden greedy tokens as the server names them (each token decoded alone) and as text.
-    let expected = |variant: &str| {
+    // Whole and streamed: each golden variant's 16 greedy tokens, token by token.
+    let got = server.scenario("golden");
+    for variant in ["text_only", "image", "two_images"] {
         let golden = golden(variant);
         let ids: Vec<u32> = golden["greedy_tokens"]
             .as_array()
@@ -162,26 +215,15 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
             .iter()
             .map(|t| t.as_u64().expect("id") as u32)
             .collect();
-        let tokens: Vec<String> = ids.iter().map(|&id| tokenizer.decode(&[id], false).expect("decode")).collect();
-        (golden, serde_json::json!(tokens), tokenizer.decode(&ids, true).expect("decode"))
-    };
-
-    // Whole and streamed: each golden variant's 16 greedy tokens, token by token.
-    let got = server.scenario("golden");
-    for variant in ["text_only", "image", "two_images"] {
-        let (golden, tokens, text) = expected(variant);
-        assert_eq!(got[variant]["tokens"], tokens, "{variant}: tokens");
+        let text = tokenizer.decode(&ids, true).expect("decode");
+        assert_eq!(got[variant]["tokens"], golden_token_names(FIXTURE, variant, &tokenizer), "{variant}: tokens");
         assert_eq!(got[variant]["text"], serde_json::json!(text), "{variant}: text");
         assert_eq!(got[variant]["prompt_tokens"], golden["n_prompt_tokens"], "{variant}: prompt tokens");
     }
 
     // Eight mixed requests at once equal each alone (asserted by the script too), and the two
     // golden image variants among them still give the golden tokens.
-    let got = server.scenario("concurrent");
-    assert_eq!(got["alone"], got["together"]);
-    for variant in ["image", "two_images"] {
-        assert_eq!(got["goldens_batched"][variant], expected(variant).1, "{variant} in a mixed batch: tokens");
-    }
+    check_mixed_batch(&server);
 
     let got = server.scenario("cancel");
     assert_eq!(got["chunks_read"], 3, "{got}");
