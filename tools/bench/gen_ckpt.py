@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""A shape-real Qwen2-VL-2B checkpoint: the real model's dimensions, random weights, Hugging Face layout.
+
+Every system under comparison loads the same bytes: config.json, sharded safetensors with their index,
+tokenizer.json (a small byte-level BPE whose special tokens sit at the real Qwen2-VL ids, and whose vocab is
+padded with filler tokens so every id up to 151642 decodes to text), tokenizer_config.json, the real
+Qwen2-VL chat template, processor_config.json and generation_config.json (greedy, eos 151645 and 151643).
+
+Run with the oracle venv's python (torch, transformers 5.24):
+
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py                      # 28 text / 32 vision, bf16
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --dtype f32 --text-layers 8 --vision-blocks 8
+
+Prints the checkpoint directory (default under ~/.cache/mlxcel/bench/); an existing complete directory is
+kept unless --force. Weights: seed 1235, matrices N(0, 1/fan_in), vectors default + N(0, 0.1) (the oracle's
+scheme), drawn in f32 and then cast, so the bf16 and f32 checkpoints of one depth hold the same values up to
+rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools" / "oracle"))
+
+BENCH_DIR = Path(os.environ.get("MLXCEL_BENCH_DIR", Path.home() / ".cache" / "mlxcel" / "bench"))
+DONE = "bench-checkpoint.json"
+
+# The real Qwen2-VL special tokens and their ids.
+SPECIALS = {
+    "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|object_ref_start|>": 151646,
+    "<|object_ref_end|>": 151647, "<|box_start|>": 151648, "<|box_end|>": 151649, "<|quad_start|>": 151650,
+    "<|quad_end|>": 151651, "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|vision_pad|>": 151654,
+    "<|image_pad|>": 151655, "<|video_pad|>": 151656,
+}
+VOCAB = 151936  # embedding rows of the real model (ids past the last special are padding rows)
+
+# Qwen2-VL-2B-Instruct's chat template (default system prompt, image and video placeholders).
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def default_dir(dtype: str, text_layers: int, vision_blocks: int) -> Path:
+    return BENCH_DIR / f"qwen2vl-2b-{dtype}-L{text_layers}-V{vision_blocks}"
+
+
+def config(text_layers: int, vision_blocks: int):
+    from transformers import Qwen2VLConfig
+
+    eot, im_end = SPECIALS["<|endoftext|>"], SPECIALS["<|im_end|>"]
+    return Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=VOCAB, hidden_size=1536, intermediate_size=8960, num_hidden_layers=text_layers,
+            num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+            hidden_act="silu", sliding_window=32768, use_sliding_window=False, max_window_layers=28,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+            bos_token_id=eot, eos_token_id=im_end, pad_token_id=eot, tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=vision_blocks, embed_dim=1280, hidden_size=1536, hidden_act="quick_gelu", mlp_ratio=4,
+            num_heads=16, in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=SPECIALS["<|image_pad|>"], video_token_id=SPECIALS["<|video_pad|>"],
+        vision_start_token_id=SPECIALS["<|vision_start|>"], vision_end_token_id=SPECIALS["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def tokenizer():
+    """The oracle's byte-level BPE (384 trained pieces), filler pieces up to id 151642, the specials at their
+    real ids. Fillers are never produced by encoding (no merges lead to them) but decode to ` #<id in base
+    36>`, so generated ids stream as text as they would with the real vocab."""
+    import common
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = json.loads(common.build_tokenizer([]).to_str())
+    vocab = spec["model"]["vocab"]
+    base = len(vocab)
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+    def b36(n: int) -> str:
+        s = ""
+        while True:
+            n, r = divmod(n, 36)
+            s = digits[r] + s
+            if n == 0:
+                return s
+
+    first_special = min(SPECIALS.values())
+    for i in range(base, first_special):
+        piece = "Ġ#" + b36(i)  # "Ġ" is the byte-level form of a space
+        if piece in vocab:
+            raise RuntimeError(f"filler {piece} collides with a trained piece")
+        vocab[piece] = i
+    template = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+    spec["added_tokens"] = [dict(template, id=i, content=t) for t, i in SPECIALS.items()]
+    for t, i in SPECIALS.items():
+        vocab[t] = i
+    tok = Tokenizer.from_str(json.dumps(spec))
+    for t, i in SPECIALS.items():
+        assert tok.token_to_id(t) == i, t
+    probe = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this image.<|im_end|>\n"
+    assert tok.decode(tok.encode(probe).ids, skip_special_tokens=False) == probe
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def processor(tok):
+    from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    # Qwen2-VL-2B-Instruct's pixel limits.
+    image = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 16384, patch_size=14,
+                                     temporal_patch_size=2, merge_size=2)
+    video = Qwen2VLVideoProcessor(patch_size=14, temporal_patch_size=2, merge_size=2)
+    return Qwen2VLProcessor(image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATE)
+
+
+def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str) -> dict:
+    import common
+    import torch
+    from transformers import GenerationConfig, Qwen2VLForConditionalGeneration
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    timings = {}
+    t = time.perf_counter()
+    torch.manual_seed(common.SEED)
+    model = Qwen2VLForConditionalGeneration._from_config(config(text_layers, vision_blocks), dtype=torch.float32)
+    timings["construct_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    common.randomize(model)  # seed SEED + 1 = 1235
+    if dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    timings["fill_s"] = time.perf_counter() - t
+    assert model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr(), "not tied"
+    eot, im_end = SPECIALS["<|endoftext|>"], SPECIALS["<|im_end|>"]
+    model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot,
+                                               do_sample=False)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    t = time.perf_counter()
+    model.save_pretrained(tmp, max_shard_size=shard)
+    processor(tokenizer()).save_pretrained(tmp)
+    timings["save_s"] = time.perf_counter() - t
+    params = {
+        "total": sum(p.numel() for p in model.parameters()),
+        "text": sum(p.numel() for n, p in model.named_parameters() if "language_model" in n),
+        "vision": sum(p.numel() for n, p in model.named_parameters() if ".visual." in n or n.startswith("visual")),
+    }
+    files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+    info = {
+        "generator": "tools/bench/gen_ckpt.py", "dtype": dtype, "text_layers": text_layers,
+        "vision_blocks": vision_blocks, "params": params, "bytes": sum(files.values()), "files": files,
+        "seed": common.SEED, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+    }
+    (tmp / DONE).write_text(json.dumps(info, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return info
+
+
+def ensure(dtype: str = "bf16", text_layers: int = 28, vision_blocks: int = 32, out: Path | None = None,
+           force: bool = False, shard: str = "2GB") -> Path:
+    """The checkpoint directory, built unless a complete one is there."""
+    out = out or default_dir(dtype, text_layers, vision_blocks)
+    if force or not (out / DONE).exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"gen_ckpt: building {out}", file=sys.stderr, flush=True)
+        info = build(out, dtype, text_layers, vision_blocks, shard)
+        print(f"gen_ckpt: {info['bytes'] / 1e9:.2f} GB, {info['params']['total']:,} parameters, "
+              f"{info['timings_s']}", file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--text-layers", type=int, default=28)
+    ap.add_argument("--vision-blocks", type=int, default=32)
+    ap.add_argument("--out", type=Path, help="default: ~/.cache/mlxcel/bench/qwen2vl-2b-<dtype>-L<n>-V<m>")
+    ap.add_argument("--shard-size", default="2GB", help="max_shard_size for save_pretrained")
+    ap.add_argument("--force", action="store_true", help="rebuild even when a complete checkpoint is there")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(ensure(args.dtype, args.text_layers, args.vision_blocks, args.out, args.force, args.shard_size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
