@@ -194,9 +194,12 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let addr: SocketAddr = listener.local_addr()?;
+        // Handlers installed before the address is announced: a signal that comes as soon as a
+        // client can connect must drain, not kill the process mid-stream.
+        let signals = Signals::install()?;
         announce(addr, &model_id, media.is_some());
         let shutdown = async move {
-            wait_for_signal().await;
+            signals.wait().await;
             eprintln!("shutting down: finishing in-flight requests (at most {} s)", timeout.as_secs());
             draining.store(true, Ordering::Relaxed);
             engine.drain(Instant::now() + timeout);
@@ -240,24 +243,35 @@ fn announce(addr: SocketAddr, model: &str, images: bool) {
     let _ = std::io::stdout().flush();
 }
 
-async fn wait_for_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, registered when installed (not on first poll).
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = interrupt.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+                terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Signals {})
     }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
+
+    async fn wait(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

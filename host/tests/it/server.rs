@@ -52,7 +52,8 @@ struct Server {
     base: String,
     /// The fixture served.
     name: String,
-    stderr: Option<std::thread::JoinHandle<String>>,
+    /// Everything the server writes to stderr, once it has exited.
+    stderr: std::sync::Mutex<Option<std::thread::JoinHandle<String>>>,
 }
 
 impl Server {
@@ -105,7 +106,7 @@ impl Server {
         };
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Server { child, base, name: name.to_owned(), stderr: Some(stderr) }
+        Server { child, base, name: name.to_owned(), stderr: std::sync::Mutex::new(Some(stderr)) }
     }
 
     /// Runs one scenario of the client script; its JSON observations.
@@ -120,12 +121,20 @@ impl Server {
             .arg(fixture_dir(&self.name))
             .output()
             .expect("run the openai client");
-        assert!(
-            output.status.success(),
-            "scenario {name} failed:\n{}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        if !output.status.success() {
+            // Say whether the server was still running, and what it wrote.
+            let pid = self.child.id().to_string();
+            let alive = Command::new("kill").args(["-0", &pid]).status().is_ok_and(|s| s.success());
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            let server = self.stderr.lock().ok().and_then(|mut h| h.take()).and_then(|h| h.join().ok());
+            panic!(
+                "scenario {name} failed (server {}):\n{}\n{}\nserver stderr:\n{}",
+                if alive { "still running" } else { "exited" },
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+                server.unwrap_or_default()
+            );
+        }
         serde_json::from_slice(&output.stdout).expect("the scenario prints json")
     }
 
@@ -146,7 +155,7 @@ impl Server {
         let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().expect("kill");
         assert!(status.success());
         let status = self.wait();
-        let stderr = self.stderr.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        let stderr = self.stderr.lock().ok().and_then(|mut h| h.take()).and_then(|h| h.join().ok()).unwrap_or_default();
         (status, stderr)
     }
 }
