@@ -166,6 +166,19 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     };
     let started = Instant::now();
     eprintln!("loading {} ({} slots of {} tokens)...", dir.display(), args.slots, args.context);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // Signal handlers go in before anything loads the IREE compiler: LLVM installs its own for
+    // SIGINT and SIGTERM on first use, restoring the previous handler and re-raising when one
+    // comes. Installed after it, ours would chain into LLVM's, which kills the process instead
+    // of draining; installed first, LLVM's hands the signal back to ours.
+    let signals = {
+        let _runtime = runtime.enter();
+        Signals::install()?
+    };
     let (engine, engine_thread) = engine::start(loader, scheduler, Arc::clone(&metrics))?;
     eprintln!("loaded in {:.1} s", started.elapsed().as_secs_f64());
 
@@ -183,20 +196,12 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         draining: Arc::clone(&draining),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
     let timeout = Duration::from_secs(args.shutdown_timeout);
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let addr: SocketAddr = listener.local_addr()?;
-        // Handlers installed before the address is announced: a signal that comes as soon as a
-        // client can connect must drain, not kill the process mid-stream.
-        let signals = Signals::install()?;
         announce(addr, &model_id, media.is_some());
         let shutdown = async move {
             signals.wait().await;

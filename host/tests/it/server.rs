@@ -124,7 +124,8 @@ impl Server {
         if !output.status.success() {
             // Say whether the server was still running, and what it wrote.
             let pid = self.child.id().to_string();
-            let alive = Command::new("kill").args(["-0", &pid]).status().is_ok_and(|s| s.success());
+            // A dead child not yet reaped is a zombie, which `kill -0` still finds.
+            let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
             let _ = Command::new("kill").args(["-KILL", &pid]).status();
             let server = self.stderr.lock().ok().and_then(|mut h| h.take()).and_then(|h| h.join().ok());
             panic!(
