@@ -73,9 +73,10 @@ STREAM_PROMPT = "Write a short story about a lighthouse, number {}."
 
 
 def machine_busy() -> int:
-    """Busy jiffies of the whole machine (all but idle and iowait)."""
+    """Busy jiffies of the whole machine: user, nice, system, irq, softirq, steal (guest time is already
+    inside user and nice)."""
     v = list(map(int, open("/proc/stat").readline().split()[1:]))
-    return sum(v) - v[3] - v[4]
+    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
 
 
 class Proc:
