@@ -698,3 +698,30 @@ pub struct CheckpointReport {
     /// One lowercase sentence per problem (missing tensor, wrong shape).
     pub problems: RVec<RString>,
 }
+
+impl CheckpointReport {
+    /// The problems of an encoder graph's f32 `parameters` (name, shape) against `index`: each
+    /// one missing (described by `missing`, which may point at a likely cause), of another shape,
+    /// or not f32.
+    pub fn f32_parameters(
+        index: &CheckpointIndex,
+        parameters: impl IntoIterator<Item = (String, Vec<usize>)>,
+        missing: impl Fn(&str) -> String,
+    ) -> Self {
+        let mut problems = Vec::new();
+        for (key, shape) in parameters {
+            let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            match index.tensors.iter().find(|t| t.name.as_str() == key) {
+                None => problems.push(missing(&key)),
+                Some(t) if t.shape.as_slice() != want.as_slice() => {
+                    problems.push(format!("`{key}` has shape {:?}, the config needs {want:?}", t.shape.as_slice()))
+                }
+                Some(t) if t.dtype != DType::F32 => {
+                    problems.push(format!("`{key}` is {}; the encoder graph reads f32 weights", t.dtype.as_str()))
+                }
+                Some(_) => {}
+            }
+        }
+        CheckpointReport { problems: problems.into_iter().map(RString::from).collect() }
+    }
+}

@@ -23,9 +23,9 @@ mod prompt;
 mod vision;
 
 use mlxcel_plugin_api::{
-    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph,
-    EncoderGraphRequest, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
-    PrefillContract, PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
+    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest,
+    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillContract,
+    PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
 };
 
 pub use config::Gemma3Config;
@@ -98,21 +98,9 @@ impl FamilyPlugin for Gemma3 {
     }
 
     fn check_checkpoint(config: &Gemma3Config, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        let mut problems = Vec::new();
-        for (key, shape) in vision::parameters(config) {
-            let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-            match index.tensors.iter().find(|t| t.name.as_str() == key) {
-                None => problems.push(format!("the checkpoint has no `{key}`")),
-                Some(t) if t.shape.as_slice() != want.as_slice() => {
-                    problems.push(format!("`{key}` has shape {:?}, the config needs {want:?}", t.shape.as_slice()))
-                }
-                Some(t) if t.dtype != DType::F32 => {
-                    problems.push(format!("`{key}` is {}; the encoder graph reads f32 weights", t.dtype.as_str()))
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(CheckpointReport { problems: problems.into_iter().map(RString::from).collect() })
+        Ok(CheckpointReport::f32_parameters(index, vision::parameters(config), |key| {
+            format!("the checkpoint has no `{key}`")
+        }))
     }
 }
 
@@ -168,13 +156,17 @@ mod tests {
         let mut tensors: Vec<mlxcel_plugin_api::TensorSpec> = vision::parameters(&config)
             .into_iter()
             .map(|(k, s)| {
-                mlxcel_plugin_api::TensorSpec::new(k, DType::F32, &s.iter().map(|&d| d as u64).collect::<Vec<_>>())
+                mlxcel_plugin_api::TensorSpec::new(
+                    k,
+                    mlxcel_plugin_api::DType::F32,
+                    &s.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+                )
             })
             .collect();
         let ok = Gemma3::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.clone().into() }).expect("ok");
         assert!(ok.problems.is_empty(), "{:?}", ok.problems);
         tensors.retain(|t| t.name.as_str() != "vision_tower.post_layernorm.bias");
-        tensors[0] = mlxcel_plugin_api::TensorSpec::new(tensors[0].name.as_str(), DType::F32, &[1]);
+        tensors[0] = mlxcel_plugin_api::TensorSpec::new(tensors[0].name.as_str(), mlxcel_plugin_api::DType::F32, &[1]);
         let report = Gemma3::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.into() }).expect("report");
         let problems: Vec<&str> = report.problems.iter().map(|p| p.as_str()).collect();
         assert_eq!(problems.len(), 2, "{problems:?}");

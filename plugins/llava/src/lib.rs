@@ -21,9 +21,9 @@ mod prompt;
 mod vision;
 
 use mlxcel_plugin_api::{
-    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph,
-    EncoderGraphRequest, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
-    PrefillContract, PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
+    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest,
+    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillContract,
+    PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
 };
 
 pub use config::LlavaConfig;
@@ -89,41 +89,28 @@ impl FamilyPlugin for Llava {
     }
 
     fn check_checkpoint(config: &LlavaConfig, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        Ok(CheckpointReport { problems: checkpoint_problems(config, index).into_iter().map(RString::from).collect() })
+        Ok(checkpoint_report(config, index))
     }
 }
 
 /// Every encoder parameter the checkpoint lacks or holds in another shape or dtype. A missing
 /// tower weight found under the other checkpoint layout is named with it.
-fn checkpoint_problems(config: &LlavaConfig, index: &CheckpointIndex) -> Vec<String> {
-    let find = |key: &str| index.tensors.iter().find(|t| t.name.as_str() == key);
-    let mut problems = Vec::new();
-    for (key, shape) in vision::parameters(config) {
-        let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-        match find(&key) {
-            None => {
-                let other = key
-                    .strip_prefix(config.vision_prefix.as_str())
-                    .map(|rest| format!("{}{rest}", config::other_vision_prefix(&config.vision_prefix)))
-                    .filter(|other| find(other).is_some());
-                problems.push(match other {
-                    Some(other) => format!(
-                        "the checkpoint has no `{key}` but has `{other}`: its tower is saved in the other layout than \
-                         config.json's transformers_version implies"
-                    ),
-                    None => format!("the checkpoint has no `{key}`"),
-                });
-            }
-            Some(t) if t.shape.as_slice() != want.as_slice() => {
-                problems.push(format!("`{key}` has shape {:?}, the config needs {want:?}", t.shape.as_slice()))
-            }
-            Some(t) if t.dtype != DType::F32 => {
-                problems.push(format!("`{key}` is {}; the encoder graph reads f32 weights", t.dtype.as_str()))
-            }
-            Some(_) => {}
+fn checkpoint_report(config: &LlavaConfig, index: &CheckpointIndex) -> CheckpointReport {
+    let present = |key: &str| index.tensors.iter().any(|t| t.name.as_str() == key);
+    CheckpointReport::f32_parameters(index, vision::parameters(config), |key| {
+        // Name the other tower layout when that is what the checkpoint has.
+        let other = key
+            .strip_prefix(config.vision_prefix.as_str())
+            .map(|rest| format!("{}{rest}", config::other_vision_prefix(&config.vision_prefix)))
+            .filter(|other| present(other));
+        match other {
+            Some(other) => format!(
+                "the checkpoint has no `{key}` but has `{other}`: its tower is saved in the other layout than \
+                 config.json's transformers_version implies"
+            ),
+            None => format!("the checkpoint has no `{key}`"),
         }
-    }
-    problems
+    })
 }
 
 mlxcel_plugin_api::export_plugin!(Llava);
@@ -181,7 +168,8 @@ mod tests {
             .iter()
             .filter(|(k, _)| *k != "__metadata__")
             .map(|(k, v)| {
-                let dtype = if v["dtype"] == "F32" { DType::F32 } else { DType::BF16 };
+                let dtype =
+                    if v["dtype"] == "F32" { mlxcel_plugin_api::DType::F32 } else { mlxcel_plugin_api::DType::BF16 };
                 let shape: Vec<u64> = v["shape"].as_array().expect("shape").iter().filter_map(|d| d.as_u64()).collect();
                 TensorSpec::new(k.as_str(), dtype, &shape)
             })
@@ -189,16 +177,20 @@ mod tests {
         CheckpointIndex { tensors }
     }
 
+    fn report(config: &LlavaConfig, index: &CheckpointIndex) -> Vec<String> {
+        checkpoint_report(config, index).problems.iter().map(|p| p.to_string()).collect()
+    }
+
     #[test]
     fn the_fixture_checkpoint_has_every_encoder_parameter() {
-        assert_eq!(checkpoint_problems(&fixture_config(), &fixture_index()), Vec::<String>::new());
+        assert_eq!(report(&fixture_config(), &fixture_index()), Vec::<String>::new());
     }
 
     #[test]
     fn a_checkpoint_in_the_other_layout_is_named() {
         let mut config = fixture_config();
         config.vision_prefix = "vision_tower.vision_model.".into();
-        let problems = checkpoint_problems(&config, &fixture_index());
+        let problems = report(&config, &fixture_index());
         assert_eq!(problems.len(), 3 + 2 + 2 * 16, "{problems:#?}");
         assert_eq!(
             problems[0],
@@ -208,7 +200,7 @@ mod tests {
         );
         let mut config = fixture_config();
         config.text_hidden_size = 32;
-        let problems = checkpoint_problems(&config, &fixture_index());
+        let problems = report(&config, &fixture_index());
         assert!(
             problems
                 .iter()

@@ -91,20 +91,9 @@ impl FamilyPlugin for Qwen2Vl {
     }
 
     fn check_checkpoint(config: &Qwen2VlConfig, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        let mut problems = Vec::new();
-        for (key, shape) in vision::parameters(config) {
-            let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-            match index.tensors.iter().find(|t| t.name.as_str() == key) {
-                None => problems.push(format!("the checkpoint has no `{key}`")),
-                Some(t) if t.shape.as_slice() != want.as_slice() => problems
-                    .push(format!("`{key}` has shape {:?}, the vision config needs {want:?}", t.shape.as_slice())),
-                Some(t) if t.dtype != mlxcel_plugin_api::DType::F32 => {
-                    problems.push(format!("`{key}` is {}; the encoder graph reads f32 weights", t.dtype.as_str()))
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(CheckpointReport { problems: problems.into_iter().map(RString::from).collect() })
+        Ok(CheckpointReport::f32_parameters(index, vision::parameters(config), |key| {
+            format!("the checkpoint has no `{key}`")
+        }))
     }
 }
 
