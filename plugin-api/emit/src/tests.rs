@@ -118,9 +118,18 @@ fn bf16_linear_widens_then_rounds_once() {
     let ops = op_names(&text);
     assert_eq!(
         ops,
-        ["util.global.load", "stablehlo.convert", "stablehlo.convert", "stablehlo.dot_general", "stablehlo.convert"]
+        [
+            "util.global.load",
+            "stablehlo.convert",
+            "stablehlo.convert",
+            "stablehlo.dot_general",
+            "stablehlo.transpose",
+            "stablehlo.convert"
+        ]
     );
-    assert!(text.contains("(tensor<4x2xf32>, tensor<3x2xf32>) -> tensor<4x3xf32>"), "accumulates in f32: {text}");
+    // The weight is the left operand (see `linear`), the result transposed back.
+    assert!(text.contains("(tensor<3x2xf32>, tensor<4x2xf32>) -> tensor<3x4xf32>"), "accumulates in f32: {text}");
+    assert!(text.contains("(tensor<3x4xf32>) -> tensor<4x3xf32>"), "transposed back: {text}");
     assert!(text.contains("(tensor<4x3xf32>) -> tensor<4x3xbf16>"), "rounds to bf16: {text}");
 }
 
@@ -267,6 +276,6 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 3);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v3:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 4);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v4:act=f32:acc=f32");
 }
