@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use mlxcel_host::{
-    decoder::{BundleShape, Decoder, DecoderOptions},
+    decoder::{BundleShape, Decoder, DecoderOptions, Logits},
     sampling::{History, Sampler, SamplingParams},
     text::{ChatTemplate, Content, Detokenizer, Message, Part, Tokenizer, stop_tokens},
 };
@@ -232,11 +232,11 @@ fn run(args: &GenerateArgs) -> Result<()> {
     let slot = 0;
     let started = Instant::now();
     let logits = match &media {
-        None => decoder.prefill_tokens(slot, &ids).context("prefill")?,
+        None => decoder.prefill_tokens(slot, &ids, Logits::Last).context("prefill")?,
         Some(media) => {
             let mut encoders = Encoders::new(dir, &args.device);
             let (embeddings, positions, extras) = media.prefill_input(&mut decoder, &ids, &mut encoders)?;
-            decoder.prefill_embeddings(slot, &embeddings, &positions, &extras).context("prefill")?
+            decoder.prefill_embeddings(slot, &embeddings, &positions, &extras, Logits::Last).context("prefill")?
         }
     };
     let vocab = decoder.config().vocab;

@@ -116,8 +116,9 @@ impl Fingerprint {
 
 /// Bump when an export's arguments or results change (v2: `embed` returns the table's rows
 /// unscaled; the token paths still scale them).
-const ABI_SCHEMA: &str = "decoder-abi-v2: embed(tokens)->raw-rows prefill_tokens(tokens,pos,masks,slot,start) \
-prefill_embeddings(x,pos,masks,slot,start[,injections]) decode(tokens,pos,write,masks) kv_slot(slot)";
+const ABI_SCHEMA: &str = "decoder-abi-v3: embed(tokens)->raw-rows prefill_tokens(tokens,pos,masks,slot,start)->hidden \
+prefill_embeddings(x,pos,masks,slot,start[,injections])->hidden logits(hidden) logits_at(hidden,row) \
+decode(tokens,pos,write,masks) kv_slot(slot)";
 
 /// sha256 over the checkpoint's tensor table and file sizes.
 fn weights_identity(ckpt: &Checkpoint) -> String {
@@ -259,24 +260,25 @@ impl Decoder {
     }
 
     /// Prefills `slot` from scratch with `tokens`, in chunks, and returns the
-    /// logits of every prompt position (`[n, vocab]`, row-major f32).
-    pub fn prefill_tokens(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<f32>, DecoderError> {
+    /// logits `rows` asks for (row-major f32).
+    pub fn prefill_tokens(&mut self, slot: usize, tokens: &[u32], rows: Logits) -> Result<Vec<f32>, DecoderError> {
         self.check_tokens(tokens)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.prefill(slot, Prefill::Tokens(&ids), &Positions::Sequential)
+        self.prefill(slot, Prefill::Tokens(&ids), &Positions::Sequential, rows)
     }
 
     /// Prefills `slot` from prepared embeddings `[n, hidden]` in the bundle's
     /// activation dtype (for example text embeddings with image features
     /// merged in) at the given positions, with the contract's `extras`
     /// (bidirectional blocks, DeepStack injections). Decoding continues from
-    /// the largest position plus one. Returns the logits of every row.
+    /// the largest position plus one. Returns the logits `rows` asks for.
     pub fn prefill_embeddings(
         &mut self,
         slot: usize,
         embeddings: &HostTensor,
         positions: &Positions,
         extras: &Extras,
+        rows: Logits,
     ) -> Result<Vec<f32>, DecoderError> {
         let want = self.contract().activations;
         let (h, shape) = (self.config.hidden, embeddings.shape());
@@ -323,7 +325,7 @@ impl Decoder {
                 )));
             }
         }
-        self.prefill(slot, Prefill::Embeddings(embeddings, extras), positions)
+        self.prefill(slot, Prefill::Embeddings(embeddings, extras), positions, rows)
     }
 
     /// The factor the token paths (`prefill_tokens`, `decode`) apply to embedding rows before
@@ -474,7 +476,13 @@ impl Decoder {
         Ok(HostTensor::from_bytes(x.dtype(), vec![k, chunk, h], bytes)?)
     }
 
-    fn prefill(&mut self, slot: usize, input: Prefill<'_>, positions: &Positions) -> Result<Vec<f32>, DecoderError> {
+    fn prefill(
+        &mut self,
+        slot: usize,
+        input: Prefill<'_>,
+        positions: &Positions,
+        rows: Logits,
+    ) -> Result<Vec<f32>, DecoderError> {
         self.check_slot(slot)?;
         let BundleShape { chunk, capacity, .. } = self.options.shape;
         let n = match input {
@@ -490,7 +498,7 @@ impl Decoder {
         let streams = self.streams(positions, n)?;
         let next = streams.iter().flatten().copied().max().map_or(0, |m| i64::from(m) + 1);
         let vocab = self.config.vocab;
-        let mut logits = Vec::with_capacity(n * vocab);
+        let mut logits = Vec::with_capacity(if rows == Logits::All { n * vocab } else { vocab });
         self.lens[slot] = 0;
         self.deltas[slot] = next - n as i64;
         let blocks = match input {
@@ -529,8 +537,20 @@ impl Decoder {
                 Prefill::Embeddings(..) => "decoder.prefill_embeddings",
             };
             let out = self.session.call(function, &args.iter().map(Arg::from).collect::<Vec<_>>())?;
-            let rows: Vec<f32> = out[0].to_host()?.to_vec()?;
-            logits.extend_from_slice(&rows[..real * vocab]);
+            let hidden = Arg::Device(&out[0]);
+            match rows {
+                Logits::All => {
+                    let head = self.session.call("decoder.logits", &[hidden])?;
+                    let all: Vec<f32> = head[0].to_host()?.to_vec()?;
+                    logits.extend_from_slice(&all[..real * vocab]);
+                }
+                Logits::Last if start + real == n => {
+                    let row = HostTensor::scalar((real - 1) as i32);
+                    let head = self.session.call("decoder.logits_at", &[hidden, Arg::from(&row)])?;
+                    logits = head[0].to_host()?.to_vec()?;
+                }
+                Logits::Last => {}
+            }
             self.lens[slot] = start + real;
         }
         Ok(logits)
@@ -627,6 +647,15 @@ fn chunk_spans(n: usize, chunk: usize, blocks: &[Range<usize>]) -> Vec<(usize, u
     spans
 }
 
+/// Which rows' logits a prefill returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// The last prompt row's (`[vocab]`): all that sampling the first token needs.
+    Last,
+    /// Every prompt row's (`[n, vocab]`): for verification against a reference.
+    All,
+}
+
 /// What a prefill starts from.
 #[derive(Clone, Copy)]
 enum Prefill<'a> {
@@ -647,7 +676,8 @@ pub struct Extras {
 }
 
 /// The exports every bundle has; checked after loading.
-const EXPORTS: [&str; 5] = ["embed", "prefill_tokens", "prefill_embeddings", "decode", "kv_slot"];
+const EXPORTS: [&str; 7] =
+    ["embed", "prefill_tokens", "prefill_embeddings", "logits", "logits_at", "decode", "kv_slot"];
 
 /// Finds the decoder's weights in a text or VLM checkpoint.
 fn weight_names(ckpt: &Checkpoint, config: &TextConfig) -> Result<WeightNames, DecoderError> {

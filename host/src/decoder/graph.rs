@@ -3,8 +3,10 @@
 //!
 //! - `embed(tokens[T]) -> [T, H]`: the embedding table's rows, unscaled (a caller that
 //!   prefills from embeddings applies the family's scale itself, once)
-//! - `prefill_embeddings(x[T, H], pos[T], mask[K, T, C], slot, start) -> logits[T, V]`
-//! - `prefill_tokens(tokens[T], pos[T], mask[K, T, C], slot, start) -> logits[T, V]`
+//! - `prefill_embeddings(x[T, H], pos[T], mask[K, T, C], slot, start) -> hidden[T, H]`
+//! - `prefill_tokens(tokens[T], pos[T], mask[K, T, C], slot, start) -> hidden[T, H]`
+//! - `logits(hidden[T, H]) -> logits[T, V]`: every row (verification and tests)
+//! - `logits_at(hidden[T, H], row) -> logits[1, V]`: one row, what serving needs
 //! - `decode(tokens[S], pos[S], write[S], mask[K, S, C]) -> logits[S, V]`
 //! - `kv_slot(slot) -> [L, 2, C, KVH, D]` (tests and diagnostics)
 //!
@@ -12,6 +14,10 @@
 //! capacity plus one chunk of slack, so a chunk may start anywhere below the
 //! capacity: bidirectional blocks move chunk starts), `S` the slot count,
 //! `K` the number of attention kinds in use (full, sliding: one mask each).
+//! Prefill returns the final-normed hidden state and leaves the LM head to
+//! `logits`/`logits_at`: a prompt needs the logits of its last row only,
+//! and the head over every row of a chunk was about 39% of a Qwen2-VL-2B
+//! prefill.
 //! The cache is one global `[L, 2, S, C, KVH, D]` (packed: IREE 3.13 fuses
 //! separately declared DUS-only globals). Masks are additive and built by the
 //! host, so causal, padded and family-specific masks all take one path.
@@ -168,14 +174,26 @@ pub fn emit(
     let (mut f, a) = m.func("prefill_embeddings", &args);
     let x = f.reshape(&a[0], &[1, t, h]);
     let injections = a.get(5).cloned();
-    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], injections);
-    m.add_func(f, &[logits]);
+    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], injections);
+    m.add_func(f, &[hidden]);
 
     // prefill_tokens
     let (mut f, a) = m.func("prefill_tokens", &[i32s(t), pos_ty(t), mask(t), scalar.clone(), scalar]);
     let x = e.embed(&mut f, &a[0]);
     let x = f.reshape(&x, &[1, t, h]);
-    let logits = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None);
+    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None);
+    m.add_func(f, &[hidden]);
+
+    // logits: the head over every row of a prefill's hidden state.
+    let (mut f, a) = m.func("logits", &[contract.act(&[t, h])]);
+    let logits = e.head(&mut f, &a[0]);
+    m.add_func(f, &[logits]);
+
+    // logits_at: the head over one row.
+    let (mut f, a) = m.func("logits_at", &[contract.act(&[t, h]), Type::scalar(Elem::I32)]);
+    let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
+    let row = f.dynamic_slice(&a[0], &[a[1].clone(), zero], &[1, h]);
+    let logits = e.head(&mut f, &row);
     m.add_func(f, &[logits]);
 
     // kv_slot: one slot's cache [L, 2, C, KVH, D], for tests and diagnostics.
@@ -197,7 +215,8 @@ pub fn emit(
             f.reshape(&one, &[])
         })
         .collect();
-    let logits = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None);
+    let hidden = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None);
+    let logits = e.head(&mut f, &hidden);
     m.add_func(f, &[logits]);
 
     m.finish()
@@ -227,8 +246,8 @@ impl Emitter<'_> {
         }
     }
 
-    /// Runs the layers on `x [B, T, H]` and returns f32 logits `[B*T, V]`
-    /// (`[T, V]` for prefill, `[S, V]` for decode). `pos` is `[B*T]`,
+    /// Runs the layers on `x [B, T, H]` and returns the final-normed hidden
+    /// state `[B*T, H]` (`[T, H]` for prefill, `[S, H]` for decode). `pos` is `[B*T]`,
     /// `masks` `[K, B*T, C]`; `writes` holds each row group's first cache row.
     #[allow(clippy::too_many_arguments)]
     fn forward(
@@ -270,9 +289,13 @@ impl Emitter<'_> {
         f.store(&self.cache, &cache);
         let norm = f.load(&self.w.norm);
         let x = self.c.rms_norm(f, &x, &norm, self.cfg.rms_eps, self.cfg.norm_style);
-        let x = f.reshape(&x, &[b * t, h]);
+        f.reshape(&x, &[b * t, h])
+    }
+
+    /// The LM head over final-normed rows `[R, H]`: f32 logits `[R, V]`.
+    fn head(&self, f: &mut Func, x: &Value) -> Value {
         let head = f.load(&self.w.lm_head);
-        let logits = self.c.linear(f, &x, &head, None);
+        let logits = self.c.linear(f, x, &head, None);
         f.convert(&logits, Elem::F32)
     }
 

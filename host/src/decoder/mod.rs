@@ -6,6 +6,6 @@ mod bundle;
 pub mod config;
 pub mod graph;
 
-pub use bundle::{Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Positions};
+pub use bundle::{Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions};
 pub use config::{Arch, TextConfig};
 pub use graph::BundleShape;

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use mlxcel_golden::{Fixture, Golden, Report, Tolerance};
-use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions};
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions, Logits};
 use mlxcel_plugin_api::conformance::tolerance;
 use mlxcel_plugin_api::{
     CheckpointIndex, ContractRequest, DType, ItemMeta, LayoutRequest, LoadedPlugin, Manifest, Modality, ModelConfig,
@@ -564,7 +564,8 @@ impl<'a> Kit<'a> {
         let vocab = decoder.config().vocab;
         let run = (|| -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
             decoder.release(slot)?;
-            let prefill = decoder.prefill_embeddings(slot, &embeddings, &positions, &extras).context("prefill")?;
+            let prefill =
+                decoder.prefill_embeddings(slot, &embeddings, &positions, &extras, Logits::All).context("prefill")?;
             let last = prefill.len().checked_sub(vocab).context("the prefill returned no logits")?;
             let mut rows = vec![prefill[last..].to_vec()];
             for (step, &token) in greedy.unwrap_or_default().iter().take(steps.saturating_sub(1)).enumerate() {

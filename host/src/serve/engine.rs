@@ -13,7 +13,7 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use mlxcel_host::decoder::Decoder;
+use mlxcel_host::decoder::{Decoder, Logits};
 use mlxcel_host::engine::{
     Action, FinishReason, PendingInput, PreparedPrompt, Request, RequestId, Scheduler, SchedulerConfig, StepResult,
     SubmitError, Usage,
@@ -252,18 +252,15 @@ impl Engine {
                 return;
             }
         };
-        let vocab = self.decoder.config().vocab;
         let mut prefill = Vec::with_capacity(step.prefill.len());
         for work in step.prefill {
             let logits = match work.input {
-                PendingInput::Tokens(tokens) => self.decoder.prefill_tokens(work.slot, &tokens),
+                PendingInput::Tokens(tokens) => self.decoder.prefill_tokens(work.slot, &tokens, Logits::Last),
                 PendingInput::Embeddings(p) => {
-                    self.decoder.prefill_embeddings(work.slot, &p.embeddings, &p.positions, &p.extras)
+                    self.decoder.prefill_embeddings(work.slot, &p.embeddings, &p.positions, &p.extras, Logits::Last)
                 }
             };
-            prefill.push(
-                logits.map(|l| l[l.len().saturating_sub(vocab)..].to_vec()).map_err(|e| format!("prefill failed: {e}")),
-            );
+            prefill.push(logits.map_err(|e| format!("prefill failed: {e}")));
         }
         let decode = if step.decode.is_empty() {
             Ok(Vec::new())

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions, Extras, Positions};
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions, Extras, Logits, Positions};
 use mlxcel_shim::{CompileCache, Compiler, Device, Driver};
 
 fn fixture(name: &str) -> PathBuf {
@@ -137,11 +137,11 @@ enum From {
 
 fn prefill(dec: &mut Decoder, slot: usize, g: &Golden, from: From) -> Vec<f32> {
     match from {
-        From::Tokens => dec.prefill_tokens(slot, &g.input_ids).expect("prefill tokens"),
+        From::Tokens => dec.prefill_tokens(slot, &g.input_ids, Logits::All).expect("prefill tokens"),
         From::Embeddings => {
             let n = g.input_ids.len();
             let x = mlxcel_shim::HostTensor::from_slice(vec![n, dec.config().hidden], &g.inputs_embeds).expect("x");
-            dec.prefill_embeddings(slot, &x, &g.positions, &g.extras).expect("prefill embeddings")
+            dec.prefill_embeddings(slot, &x, &g.positions, &g.extras, Logits::All).expect("prefill embeddings")
         }
     }
 }
@@ -291,8 +291,8 @@ fn two_slots_decode_together_as_each_alone() {
     let mut dec = load("qwen2", SHAPE);
     let (a, b) = (golden("qwen2", "short"), golden("qwen2", "long"));
     let vocab = dec.config().vocab;
-    let la = dec.prefill_tokens(0, &a.input_ids).expect("prefill a");
-    let lb = dec.prefill_tokens(1, &b.input_ids).expect("prefill b");
+    let la = dec.prefill_tokens(0, &a.input_ids, Logits::All).expect("prefill a");
+    let lb = dec.prefill_tokens(1, &b.input_ids, Logits::All).expect("prefill b");
     let (mut na, mut nb) = (argmax(&la[la.len() - vocab..]), argmax(&lb[lb.len() - vocab..]));
     let (mut ta, mut tb) = (vec![na], vec![nb]);
     for _ in 1..a.greedy.len() {
@@ -311,17 +311,35 @@ fn two_slots_decode_together_as_each_alone() {
     assert_eq!(again, a.greedy, "reused slot");
 }
 
+/// Serving asks for the last row's logits only (`logits_at`); they are the
+/// last row of the every-row logits verification compares, for a prompt
+/// longer than one chunk.
+#[test]
+fn last_row_logits_are_the_last_row_of_all() {
+    let mut dec = load("qwen2", SHAPE);
+    let g = golden("qwen2", "long");
+    assert!(g.input_ids.len() > SHAPE.chunk, "the prompt spans chunks");
+    let vocab = dec.config().vocab;
+    let all = dec.prefill_tokens(0, &g.input_ids, Logits::All).expect("all rows");
+    let last = dec.prefill_tokens(1, &g.input_ids, Logits::Last).expect("last row");
+    assert_eq!(all.len(), g.input_ids.len() * vocab);
+    assert_eq!(last.len(), vocab);
+    let diff = last.iter().zip(&all[all.len() - vocab..]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(diff <= 1e-5, "last row differs from all rows' last by {diff}");
+    assert_eq!(dec.len(0), dec.len(1));
+}
+
 #[test]
 fn bad_requests_get_their_own_errors_and_change_nothing() {
     let mut dec = load("qwen2", SHAPE);
     let g = golden("qwen2", "short");
-    dec.prefill_tokens(0, &g.input_ids).expect("prefill");
+    dec.prefill_tokens(0, &g.input_ids, Logits::All).expect("prefill");
     let before = dec.len(0);
     let cases: Vec<(Result<_, DecoderError>, &str)> = vec![
-        (dec.prefill_tokens(2, &[1]).map(drop), "SlotOutOfRange"),
-        (dec.prefill_tokens(1, &[]).map(drop), "EmptyPrompt"),
-        (dec.prefill_tokens(1, &[100_000]).map(drop), "TokenOutOfRange"),
-        (dec.prefill_tokens(1, &vec![1; SHAPE.capacity + 1]).map(drop), "CapacityExceeded"),
+        (dec.prefill_tokens(2, &[1], Logits::All).map(drop), "SlotOutOfRange"),
+        (dec.prefill_tokens(1, &[], Logits::All).map(drop), "EmptyPrompt"),
+        (dec.prefill_tokens(1, &[100_000], Logits::All).map(drop), "TokenOutOfRange"),
+        (dec.prefill_tokens(1, &vec![1; SHAPE.capacity + 1], Logits::All).map(drop), "CapacityExceeded"),
         (dec.decode(&[(5, 1)]).map(drop), "SlotOutOfRange"),
         (dec.decode(&[(0, 9999)]).map(drop), "TokenOutOfRange"),
     ];
@@ -336,12 +354,13 @@ fn bad_requests_get_their_own_errors_and_change_nothing() {
 /// host's merge scales them (`Decoder::scale_embeddings`), prefilled from
 /// embeddings, are the same computation as `prefill_tokens`.
 fn embeddings_equal_tokens(dec: &mut Decoder, g: &Golden) -> Vec<f32> {
-    let from_tokens = dec.prefill_tokens(0, &g.input_ids).expect("prefill tokens");
+    let from_tokens = dec.prefill_tokens(0, &g.input_ids, Logits::All).expect("prefill tokens");
     let raw = dec.embed(&g.input_ids).expect("embed");
     assert_eq!(raw.shape(), &[g.input_ids.len(), dec.config().hidden]);
     let x = Decoder::scale_embeddings(&raw, dec.embed_scale()).expect("scale");
-    let from_embeddings =
-        dec.prefill_embeddings(1, &x, &Positions::Sequential, &Extras::default()).expect("prefill embeddings");
+    let from_embeddings = dec
+        .prefill_embeddings(1, &x, &Positions::Sequential, &Extras::default(), Logits::All)
+        .expect("prefill embeddings");
     assert_eq!(from_tokens, from_embeddings, "logits");
     assert_eq!(dec.len(0), dec.len(1));
     let (k0, k1) = (dec.kv_slot(0).expect("kv 0"), dec.kv_slot(1).expect("kv 1"));
@@ -376,20 +395,26 @@ fn prefill_embeddings_of_embedded_tokens_equals_prefill_tokens() {
     // Wrong dtype or hidden size is refused before any native call.
     let ints = mlxcel_shim::HostTensor::from_slice(vec![2, 64], &[0i32; 128]).expect("tensor");
     assert!(matches!(
-        dec.prefill_embeddings(1, &ints, &Positions::Sequential, &Extras::default()),
+        dec.prefill_embeddings(1, &ints, &Positions::Sequential, &Extras::default(), Logits::All),
         Err(DecoderError::Embeddings(_))
     ));
     let narrow = mlxcel_shim::HostTensor::from_slice(vec![2, 63], &[0f32; 126]).expect("tensor");
     assert!(matches!(
-        dec.prefill_embeddings(1, &narrow, &Positions::Sequential, &Extras::default()),
+        dec.prefill_embeddings(1, &narrow, &Positions::Sequential, &Extras::default(), Logits::All),
         Err(DecoderError::Embeddings(_))
     ));
     let x = dec.embed(&g.input_ids[..4]).expect("embed");
     let short = Positions::OneD(vec![0, 1, 2]);
-    assert!(matches!(dec.prefill_embeddings(1, &x, &short, &Extras::default()), Err(DecoderError::Positions(_))));
+    assert!(matches!(
+        dec.prefill_embeddings(1, &x, &short, &Extras::default(), Logits::All),
+        Err(DecoderError::Positions(_))
+    ));
     let three = Positions::MRope([vec![0; 4], vec![0; 4], vec![0; 4]]);
     assert!(
-        matches!(dec.prefill_embeddings(1, &x, &three, &Extras::default()), Err(DecoderError::Positions(_))),
+        matches!(
+            dec.prefill_embeddings(1, &x, &three, &Extras::default(), Logits::All),
+            Err(DecoderError::Positions(_))
+        ),
         "qwen3 has no M-RoPE"
     );
 }

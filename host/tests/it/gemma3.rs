@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use mlxcel_golden::{Fixture, Golden};
-use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions, Extras, Positions};
+use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions, Extras, Logits, Positions};
 use mlxcel_shim::{CompileCache, Compiler, Device, Driver, HostTensor};
 
 use crate::qwen2_vl::built_plugins;
@@ -243,7 +243,7 @@ fn logits_diff(dec: &mut Decoder, variant: &str, how: Merge) -> (f32, f32) {
         Extras { bidirectional: if how == Merge::CausalOnly { Vec::new() } else { blocks }, ..Extras::default() };
     let positions = Positions::OneD((0..n as i32).collect());
     dec.release(0).expect("release");
-    let logits = dec.prefill_embeddings(0, &x, &positions, &extras).expect("prefill");
+    let logits = dec.prefill_embeddings(0, &x, &positions, &extras, Logits::All).expect("prefill");
     let want = g.tensor("logits").expect("logits").as_f32().expect("f32");
     assert_eq!(logits.len(), want.len(), "{variant}: logits");
     let diff = logits.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);

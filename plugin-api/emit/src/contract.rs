@@ -9,8 +9,18 @@ use crate::{Elem, Func, Reduce, Type, Value};
 
 /// Bump when any helper's emitted arithmetic changes or a helper is added.
 /// v3: exact GELU (`gelu_erf`) and `quick_gelu`.
-/// v4: `linear` contracts with the weight on the left (`w @ x^T`).
+/// v4: `linear` over at most [`WEIGHT_LEFT_MAX_ROWS`] rows contracts with
+/// the weight on the left (`w @ x^T`).
 pub const CONTRACT_VERSION: u32 = 4;
+
+/// `linear` over this many rows or fewer (decode steps) contracts as
+/// `w @ x^T`, the weight on the left, and transposes the result back: IREE
+/// 3.13's llvm-cpu codegen streams a weight on the left much faster for few
+/// rows. Measured on a 8960x1536 f32 weight, 2 threads, `x @ w^T` against
+/// `w @ x^T`: 1 row 7.0 against 3.0 ms, 8 rows 3.8 against 3.2, 16 rows 7.1
+/// against 5.4, but 32 rows 9.9 against 12.8. Larger row counts (prefill,
+/// encoders) keep `x @ w^T`, and with it their measured bf16 numerics.
+pub const WEIGHT_LEFT_MAX_ROWS: usize = 16;
 
 /// How a graph materialises and accumulates values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -48,14 +58,14 @@ impl NumericContract {
         let wa = f.convert(w, self.accumulate);
         let rank = x.ty().rank();
         let last = rank.saturating_sub(1);
-        // Contracted as `w @ x^T`, the weight on the left, then transposed
-        // back: IREE 3.13's llvm-cpu codegen streams a weight on the left at
-        // 2.3x the speed of `x @ w^T` for one row (a 8960x1536 f32 weight:
-        // 3.0 ms against 7.0 ms, 2 threads), which is decode, and is no
-        // slower for prefill-sized rows (1024 rows: 107 ms against 112 ms).
-        let yt = f.dot_general(&wa, &xa, (&[], &[]), (&[1], &[last]));
-        let perm: Vec<usize> = (1..rank).chain(std::iter::once(0)).collect();
-        let mut y = f.transpose(&yt, &perm);
+        let rows: usize = x.shape()[..last].iter().product();
+        let mut y = if rows <= WEIGHT_LEFT_MAX_ROWS {
+            let yt = f.dot_general(&wa, &xa, (&[], &[]), (&[1], &[last]));
+            let perm: Vec<usize> = (1..rank).chain(std::iter::once(0)).collect();
+            f.transpose(&yt, &perm)
+        } else {
+            f.dot_general(&xa, &wa, (&[], &[]), (&[last], &[1]))
+        };
         if let Some(b) = bias {
             let ba = f.convert(b, self.accumulate);
             let shape = y.shape().to_vec();
