@@ -12,8 +12,10 @@ use mlxcel_shim::{
 /// Where and for what code runs.
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct DeviceArgs {
-    /// HAL driver: local-sync (inline, lowest overhead) or local-task (threaded).
-    #[arg(long, default_value = "local-sync")]
+    /// HAL driver: local-task (a worker per core: what real checkpoints want)
+    /// or local-sync (inline on the calling thread: lowest overhead per call,
+    /// so faster only for tiny models).
+    #[arg(long, env = "MLXCEL_DRIVER", default_value = "local-task")]
     pub(crate) driver: String,
     /// CPU to compile for: host (fastest, not portable), generic, x86-64-v3, ...
     #[arg(long, default_value = "host")]

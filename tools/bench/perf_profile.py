@@ -236,6 +236,8 @@ def main() -> int:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--image", type=Path, help="default: the 448x448 synthetic picture compare.py uses")
     ap.add_argument("--new", type=int, default=64, help="tokens decoded in the decode profile")
+    ap.add_argument("--streams", type=int, default=1,
+                    help="concurrent text requests in the decode profile (the server gets that many slots)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--driver", default="local-task")
@@ -248,7 +250,7 @@ def main() -> int:
 
     image = args.image or gen_ckpt.BENCH_DIR / "inputs" / "synthetic-448.png"
     url = "data:image/png;base64," + __import__("base64").b64encode(image.read_bytes()).decode()
-    cmd = compare.host_cmd("serve", "--model", str(args.model), "--port", "0", "--slots", "1", "--context",
+    cmd = compare.host_cmd("serve", "--model", str(args.model), "--port", "0", "--slots", str(args.streams), "--context",
                            str(args.context), "--chunk", str(args.chunk), "--driver", args.driver,
                            "--plugins", str(compare.PLUGINS))
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -274,8 +276,16 @@ def main() -> int:
             phases = {}
 
             def decode():
-                r = compare.sse_request(addr, compare.chat_body(model, text_msg, args.new))
-                phases["decode_tok_s"] = (len(r["stamps"]) - 1) / (r["stamps"][-1] - r["stamps"][0])
+                def one(i):
+                    body = compare.chat_body(model, compare.STREAM_PROMPT.format(i + 1), args.new)
+                    return compare.sse_request(addr, body)
+
+                with __import__("concurrent.futures").futures.ThreadPoolExecutor(args.streams) as pool:
+                    rs = list(pool.map(one, range(args.streams)))
+                # Aggregate over the span every stream was decoding.
+                start, end = max(r["stamps"][0] for r in rs), min(r["stamps"][-1] for r in rs)
+                steps = sum(sum(1 for t in r["stamps"] if start <= t <= end) for r in rs)
+                phases["decode_tok_s"] = steps / (end - start) if end > start else None
 
             def prefill():
                 r = compare.sse_request(addr, compare.chat_body(model, image_msg, 1))
