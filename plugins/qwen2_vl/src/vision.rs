@@ -25,18 +25,22 @@ use crate::processor::{PATCH_POSITIONS, PATCH_SEGMENTS, PIXEL_VALUES, SEGMENT_ST
 pub(crate) const FEATURES: &str = "image_features";
 /// Where the vision weights live in Qwen2-VL checkpoints (the hub layout transformers writes).
 const PREFIX: &str = "visual.";
-/// The smallest bucket, in patch rows; each next bucket is four times larger.
+/// The smallest bucket, in patch rows; the next ones are every power of two
+/// times it and one and a half times each, so an image's rows are padded by
+/// less than half (attention costs the square of that). Each bucket is
+/// compiled the first time an image needs it, then cached.
 const SMALLEST_BUCKET: usize = 64;
 const LN_EPS: f64 = 1e-6;
 
-/// Patch-row counts of the buckets: from [`SMALLEST_BUCKET`] up by fours until the processor's
-/// largest image fits.
+/// Patch-row counts of the buckets: 64, 96, 128, 192, 256, ... (see [`SMALLEST_BUCKET`]) until
+/// the processor's largest image fits. All are multiples of the 2x2 merge.
 pub(crate) fn bucket_sizes(config: &Qwen2VlConfig) -> Vec<usize> {
     let area = (config.vision.patch_size * config.vision.patch_size) as u64;
     let most = config.processor.max_pixels.div_ceil(area.max(1)) as usize;
     let mut sizes = vec![SMALLEST_BUCKET];
-    while sizes.last().is_some_and(|&n| n < most) {
-        let next = sizes.last().map_or(SMALLEST_BUCKET, |n| n * 4);
+    while let Some(&n) = sizes.last().filter(|&&n| n < most) {
+        // n is a power of two times 64, or 1.5 times one.
+        let next = if n.is_power_of_two() { n + n / 2 } else { n / 3 * 4 };
         sizes.push(next);
     }
     sizes
@@ -303,12 +307,14 @@ mod tests {
     use crate::testing::fixture_config;
 
     #[test]
-    fn buckets_grow_by_fours_until_the_largest_image_fits() {
+    fn buckets_grow_by_halves_until_the_largest_image_fits() {
         let mut config = fixture_config();
         // 12544 pixels / 196 = 64 patches.
         assert_eq!(bucket_sizes(&config), [64]);
         config.processor.max_pixels = 28 * 28 * 1280;
-        assert_eq!(bucket_sizes(&config), [64, 256, 1024, 4096, 16384]);
+        let want = [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144];
+        assert_eq!(bucket_sizes(&config), want);
+        assert!(want.iter().all(|n| n % 4 == 0), "whole 2x2 merge groups");
     }
 
     #[test]
