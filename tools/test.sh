@@ -29,6 +29,8 @@ case "$listing" in
   *", 0 skipped"*) ;;
   *) echo "test: error: an in-tree plugin was skipped (see above)" >&2; exit 1 ;;
 esac
+step "benchmark script, quick variant (tools/bench/compare.py --quick: ratios printed, never asserted)"
+"$(tools/oracle/setup.sh | tail -n 1)" tools/bench/compare.py --quick
 step "oracle goldens reproduce (transformers / mlx-vlm)"
 # Writes nothing: every fixture is recomputed in memory and compared.
 bash tools/oracle/regen.sh --check

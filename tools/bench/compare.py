@@ -658,6 +658,12 @@ def main() -> int:
     del extra["hf_runs"]
     if args.quick:
         print_ratios(report)
+        # CI runs this: the pipeline must work end to end on both sides; the ratios are never asserted.
+        missing = [k for k in QUICK_RATIOS if k not in report["ratios"]]
+        if missing or report["same_prompt_ids"] is not True:
+            print(f"compare --quick: failed: ratios missing {missing}, same prompt ids "
+                  f"{report['same_prompt_ids']}", file=sys.stderr)
+            return 1
     else:
         print_table(report)
         out = args.out or bench / "results" / f"compare-{report['tag']}-{report['started']}.json"
@@ -665,6 +671,10 @@ def main() -> int:
         out.write_text(json.dumps({**report, "runs": runs, "extra": extra}, indent=1, default=str))
         print(f"\nresults: {out}")
     return 0
+
+
+# What --quick must produce: every system ran every phase.
+QUICK_RATIOS = ("ttft_image_s", "encoder_s", "lm_prefill_s", "decode_1_tok_s", "aggregate_tok_s", "peak_rss_bytes")
 
 
 def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> dict:
