@@ -41,6 +41,8 @@ impl TensorEntry {
 #[derive(Clone, Debug, Default)]
 pub struct Checkpoint {
     files: Vec<PathBuf>,
+    /// Per file, where its data section starts (8 + the header length).
+    data_starts: Vec<u64>,
     tensors: BTreeMap<String, TensorEntry>,
 }
 
@@ -111,7 +113,8 @@ impl Checkpoint {
         for path in files {
             let path = path.as_ref().to_owned();
             let file = ckpt.files.len();
-            for (key, entry) in read_header(&path, file)? {
+            let (data_start, entries) = read_header(&path, file)?;
+            for (key, entry) in entries {
                 if ckpt.tensors.contains_key(&key) {
                     return Err(Error::CheckpointFormat {
                         path,
@@ -121,8 +124,17 @@ impl Checkpoint {
                 ckpt.tensors.insert(key, entry);
             }
             ckpt.files.push(path);
+            ckpt.data_starts.push(data_start);
         }
         Ok(ckpt)
+    }
+
+    /// Whether every tensor of file `file` starts at a multiple of `align`
+    /// bytes from the file's start (so at such an address when the file is
+    /// mapped at a page boundary).
+    pub fn file_aligned(&self, file: usize, align: u64) -> bool {
+        let start = self.data_starts.get(file).copied().unwrap_or(1);
+        self.tensors.values().filter(|t| t.file == file).all(|t| (start + t.offsets.0).is_multiple_of(align))
     }
 
     pub fn files(&self) -> &[PathBuf] {
@@ -143,8 +155,9 @@ impl Checkpoint {
     }
 }
 
-/// Parses and validates one file's header against the file's length.
-fn read_header(path: &Path, file: usize) -> Result<Vec<(String, TensorEntry)>> {
+/// Parses and validates one file's header against the file's length; returns
+/// where the data section starts and the tensors.
+fn read_header(path: &Path, file: usize) -> Result<(u64, Vec<(String, TensorEntry)>)> {
     let io = |source| Error::CheckpointIo { path: path.to_owned(), source };
     let bad = |reason: String| Error::CheckpointFormat { path: path.to_owned(), reason };
     let mut f = File::open(path).map_err(io)?;
@@ -194,5 +207,5 @@ fn read_header(path: &Path, file: usize) -> Result<Vec<(String, TensorEntry)>> {
         }
         out.push((key, TensorEntry { dtype, shape, file, offsets }));
     }
-    Ok(out)
+    Ok((8 + header_len, out))
 }

@@ -389,8 +389,8 @@ impl Drop for Parameters {
 }
 
 impl Parameters {
-    /// Indexes the (already validated) checkpoint's files. IREE reads tensor
-    /// bytes from the files itself when a module loads; we copy none.
+    /// Indexes the (already validated) checkpoint's files (see
+    /// `index_files`: aligned files are mapped and served without a copy).
     pub fn new(scope: &str, checkpoint: Checkpoint) -> Result<Self> {
         let a = ffi::allocator();
         let mut index = null_mut();
@@ -446,37 +446,114 @@ impl Parameters {
     }
 }
 
-/// Adds every file of `checkpoint` to `index`.
+/// IREE's heap buffers must start at a multiple of this (`IREE_HAL_HEAP_BUFFER_ALIGNMENT`).
+const HEAP_BUFFER_ALIGNMENT: u64 = 64;
+
+/// Adds every file of `checkpoint` to `index`. A file whose every tensor is
+/// aligned as IREE's heap buffers must be is given as a read-only memory
+/// mapping, which IREE imports as the parameters' buffers with no copy. Any
+/// other file is opened (`iree_io_file_handle_open`) and IREE copies its
+/// tensors into its own memory at load: mapping it would only add the mapped
+/// pages it copies from to the process's resident set. safetensors aligns
+/// tensors to 8 bytes, so which files qualify depends on the header length.
 ///
 /// # Safety
 /// `index` must be a live parameter index.
 unsafe fn index_files(index: *mut ffi::ParameterIndex, checkpoint: &Checkpoint) -> Result<()> {
     let a = ffi::allocator();
-    for path in checkpoint.files() {
-        let path = path.to_string_lossy();
-        let mut handle = null_mut();
-        // SAFETY: `path` outlives both calls; the index retains the handle it
+    let mut mapped = 0;
+    for (i, path) in checkpoint.files().iter().enumerate() {
+        let name = path.to_string_lossy();
+        let handle = if checkpoint.file_aligned(i, HEAP_BUFFER_ALIGNMENT) {
+            mapped += 1;
+            map_file(path)?
+        } else {
+            let mut handle = null_mut();
+            // SAFETY: `name` outlives the call.
+            unsafe {
+                check(
+                    sys::iree_io_file_handle_open(
+                        (sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_READ
+                            | sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_RANDOM_ACCESS)
+                            as _,
+                        string_view(&name),
+                        a,
+                        &mut handle,
+                    ),
+                    "opening a checkpoint file",
+                )?;
+            }
+            handle
+        };
+        // SAFETY: `name` outlives the call; the index retains the handle it
         // needs, so ours is released right after parsing.
         unsafe {
-            check(
-                sys::iree_io_file_handle_open(
-                    (sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_READ
-                        | sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_RANDOM_ACCESS) as _,
-                    string_view(&path),
-                    a,
-                    &mut handle,
-                ),
-                "opening a checkpoint file",
-            )?;
-            let parsed = ffi::iree_io_parse_file_index(string_view(&path), handle, index, a);
+            let parsed = ffi::iree_io_parse_file_index(string_view(&name), handle, index, a);
             sys::iree_io_file_handle_release(handle);
             check(parsed, "indexing a checkpoint file")?;
         }
     }
     // SAFETY: `index` is live (caller's contract).
     let count = unsafe { ffi::iree_io_parameter_index_count(index) };
-    tracing::debug!(files = checkpoint.files().len(), tensors = count, "parameters indexed");
+    tracing::debug!(files = checkpoint.files().len(), mapped, tensors = count, "parameters indexed");
     Ok(())
+}
+
+/// A mapping IREE owns through a file handle; unmapped by [`unmap`] when the
+/// last reference to the handle (the index's, or an imported buffer's) goes.
+struct Mapping {
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+}
+
+/// Maps `path` read-only and wraps the mapping as an IREE host-allocation
+/// file handle (one reference, the caller's).
+fn map_file(path: &std::path::Path) -> Result<*mut sys::iree_io_file_handle_t> {
+    use std::os::fd::AsRawFd;
+    let failed = |source: std::io::Error| Error::CheckpointIo { path: path.to_owned(), source };
+    let file = std::fs::File::open(path).map_err(failed)?;
+    let len = file.metadata().map_err(failed)?.len() as usize;
+    if len == 0 {
+        let empty = std::io::Error::new(std::io::ErrorKind::InvalidData, "the file is empty");
+        return Err(failed(empty));
+    }
+    // SAFETY: a fresh read-only private mapping of a file we opened; the
+    // file may be closed once mapped. Checkpoint files are not modified
+    // while served (a changed file changes the fingerprint on next load).
+    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+    if ptr == libc::MAP_FAILED {
+        return Err(failed(std::io::Error::last_os_error()));
+    }
+    let mapping = Box::into_raw(Box::new(Mapping { ptr, len }));
+    let release = sys::iree_io_file_handle_release_callback_t { fn_: Some(unmap), user_data: mapping.cast() };
+    let span = sys::iree_byte_span_t { data: ptr.cast(), data_length: len };
+    let mut handle = null_mut();
+    // SAFETY: on success the handle owns `mapping` through `release`; on
+    // failure IREE does not call it, so the mapping is undone here.
+    let status = unsafe {
+        sys::iree_io_file_handle_wrap_host_allocation(
+            sys::iree_io_file_access_bits_t_IREE_IO_FILE_ACCESS_READ,
+            span,
+            release,
+            ffi::allocator(),
+            &mut handle,
+        )
+    };
+    if let Err(e) = check(status, "wrapping a mapped checkpoint file") {
+        // SAFETY: the handle was not created, so nothing else owns `mapping`.
+        unsafe { unmap(mapping.cast(), std::mem::zeroed()) };
+        return Err(e);
+    }
+    Ok(handle)
+}
+
+/// The release callback of a mapped file's handle.
+unsafe extern "C" fn unmap(user_data: *mut std::ffi::c_void, _primitive: sys::iree_io_file_handle_primitive_t) {
+    // SAFETY: `user_data` is the `Mapping` `map_file` leaked for this handle,
+    // released exactly once, here.
+    let mapping = unsafe { Box::from_raw(user_data.cast::<Mapping>()) };
+    // SAFETY: the range is the mapping `map_file` made; nothing reads it now.
+    unsafe { libc::munmap(mapping.ptr, mapping.len) };
 }
 
 /// How a function's argument is declared in its ABI.

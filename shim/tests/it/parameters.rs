@@ -149,3 +149,32 @@ fn a_module_with_parameters_needs_a_provider() {
     let err = Session::new(&device, None, &[&artifact]).unwrap_err();
     assert!(matches!(err, Error::ParameterScope { .. }), "{err}");
 }
+
+/// Writes `model.safetensors` by hand with its data section starting at byte
+/// `start` (the header padded with spaces), the weight then the bias.
+fn write_with_data_start(path: &Path, start: usize) {
+    let json = r#"{"layer.weight":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]},"layer.bias":{"dtype":"F32","shape":[4],"data_offsets":[64,80]}}"#;
+    assert!(start >= 8 + json.len() && start.is_multiple_of(8), "room for the header");
+    let header = format!("{json:<width$}", width = start - 8);
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend(weight().iter().chain(&bias()).flat_map(|x| x.to_le_bytes()));
+    std::fs::write(path, bytes).expect("write");
+}
+
+/// A file whose tensors all sit at 64-byte multiples is served from a
+/// mapping (imported, no copy); one that is not is read as before. Both
+/// give the same weights.
+#[test]
+fn aligned_files_are_mapped_and_unaligned_ones_read_with_the_same_result() {
+    for (start, aligned) in [(192, true), (200, false)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_with_data_start(&dir.path().join("model.safetensors"), start);
+        let ckpt = Checkpoint::open(dir.path()).expect("checkpoint");
+        assert_eq!(ckpt.file_aligned(0, 64), aligned, "data at {start}");
+        for driver in DRIVERS {
+            let got = run(dir.path(), driver).expect("runs");
+            assert_close(&got, &by_hand(&[1.0, -2.0, 0.5, 3.0]), 1e-5);
+        }
+    }
+}
