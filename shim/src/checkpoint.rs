@@ -133,7 +133,7 @@ impl Checkpoint {
     /// bytes from the file's start (so at such an address when the file is
     /// mapped at a page boundary).
     pub fn file_aligned(&self, file: usize, align: u64) -> bool {
-        let start = self.data_starts.get(file).copied().unwrap_or(1);
+        let Some(&start) = self.data_starts.get(file) else { return false };
         self.tensors.values().filter(|t| t.file == file).all(|t| (start + t.offsets.0).is_multiple_of(align))
     }
 

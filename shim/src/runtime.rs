@@ -468,22 +468,7 @@ unsafe fn index_files(index: *mut ffi::ParameterIndex, checkpoint: &Checkpoint) 
             mapped += 1;
             map_file(path)?
         } else {
-            let mut handle = null_mut();
-            // SAFETY: `name` outlives the call.
-            unsafe {
-                check(
-                    sys::iree_io_file_handle_open(
-                        (sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_READ
-                            | sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_RANDOM_ACCESS)
-                            as _,
-                        string_view(&name),
-                        a,
-                        &mut handle,
-                    ),
-                    "opening a checkpoint file",
-                )?;
-            }
-            handle
+            open_file(&name)?
         };
         // SAFETY: `name` outlives the call; the index retains the handle it
         // needs, so ours is released right after parsing.
@@ -499,6 +484,22 @@ unsafe fn index_files(index: *mut ffi::ParameterIndex, checkpoint: &Checkpoint) 
     Ok(())
 }
 
+/// Opens `path` as an IREE file handle that IREE reads from (one reference,
+/// the caller's).
+fn open_file(path: &str) -> Result<*mut sys::iree_io_file_handle_t> {
+    let mut handle = null_mut();
+    let mode = sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_READ
+        | sys::iree_io_file_mode_bits_t_IREE_IO_FILE_MODE_RANDOM_ACCESS;
+    // SAFETY: `path` outlives the call; on success we own the one reference.
+    unsafe {
+        check(
+            sys::iree_io_file_handle_open(mode as _, string_view(path), ffi::allocator(), &mut handle),
+            "opening a checkpoint file",
+        )?;
+    }
+    Ok(handle)
+}
+
 /// A mapping IREE owns through a file handle; unmapped by [`unmap`] when the
 /// last reference to the handle (the index's, or an imported buffer's) goes.
 struct Mapping {
@@ -507,7 +508,10 @@ struct Mapping {
 }
 
 /// Maps `path` read-only and wraps the mapping as an IREE host-allocation
-/// file handle (one reference, the caller's).
+/// file handle (one reference, the caller's). IREE 3.13 imports each aligned
+/// tensor as a buffer starting at the tensor but declared as long as the whole
+/// file (`parameter_index_provider.c`); modules only read the tensor's own
+/// bytes, so nothing reads past the mapping.
 fn map_file(path: &std::path::Path) -> Result<*mut sys::iree_io_file_handle_t> {
     use std::os::fd::AsRawFd;
     let failed = |source: std::io::Error| Error::CheckpointIo { path: path.to_owned(), source };
