@@ -3,7 +3,10 @@
 //! the `io_parameters` VM module), from eerie-sys's own vendored IREE tree so
 //! headers and ABI match the runtime we link.
 
-use std::{env, path::PathBuf, process::Command};
+use std::{
+    env,
+    path::{Path, PathBuf},
+};
 
 /// The IREE sources we add, relative to `iree/runtime/src`.
 const IO_SOURCES: &[&str] = &[
@@ -23,10 +26,13 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=MLXCEL_EERIE_SYS_DIR");
     let root = match env::var_os("MLXCEL_EERIE_SYS_DIR") {
-        Some(dir) => PathBuf::from(dir),
+        Some(dir) => Ok(PathBuf::from(dir)),
         None => eerie_sys_dir(),
     };
-    let src = root.join("iree/runtime/src");
+    let src = match root {
+        Ok(root) => root.join("iree/runtime/src"),
+        Err(message) => return fail(&message),
+    };
     let mut build = cc::Build::new();
     build
         .include(&src)
@@ -39,40 +45,57 @@ fn main() {
     for file in IO_SOURCES {
         let path = src.join(file);
         if !path.is_file() {
-            panic!("mlxcel-shim build: {} is missing from eerie-sys's vendored IREE tree", path.display());
+            return fail(&format!(
+                "{} is missing from eerie-sys's vendored IREE tree; set MLXCEL_EERIE_SYS_DIR to an eerie-sys 0.5.0 \
+                 source directory, or delete .deps/eerie-sys and re-run tools/dev/setup.sh",
+                path.display()
+            ));
         }
         build.file(path);
     }
     build.compile("mlxcel_iree_io");
 }
 
-/// Finds eerie-sys's source directory through `cargo metadata`, which knows
-/// where the resolved package lives (registry, vendor dir or a patch).
-fn eerie_sys_dir() -> PathBuf {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let target = env::var("TARGET").expect("cargo sets TARGET");
-    // --filter-platform keeps --offline from asking for Windows-only crates.
-    let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &target])
-        .arg("--manifest-path")
-        .arg(manifest.join("Cargo.toml"))
-        .output()
-        .expect("mlxcel-shim build: could not run cargo metadata");
-    if !output.status.success() {
-        panic!(
-            "mlxcel-shim build: cargo metadata failed (set MLXCEL_EERIE_SYS_DIR to eerie-sys's source): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+/// Ends the build with one sentence instead of a panic's backtrace.
+fn fail(message: &str) {
+    println!("cargo::error=mlxcel-shim build: {message}");
+}
+
+/// Finds eerie-sys's source directory: the path the workspace manifest
+/// patches eerie-sys to (`[patch.crates-io]`, placed by tools/dev/setup.sh).
+///
+/// Reading the manifest needs nothing downloaded. Asking cargo instead
+/// (`cargo metadata --offline`) resolved the whole workspace, dev-dependencies
+/// included, and failed on a machine whose registry held only what the build
+/// being run had fetched (issue 15); without `--offline` a build script would
+/// reach for the network.
+fn eerie_sys_dir() -> Result<PathBuf, String> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|_| "cargo did not set CARGO_MANIFEST_DIR")?);
+    let workspace = manifest_dir.parent().ok_or("the crate directory has no parent")?;
+    let manifest = workspace.join("Cargo.toml");
+    println!("cargo:rerun-if-changed={}", manifest.display());
+    let text = std::fs::read_to_string(&manifest).map_err(|e| format!("cannot read {}: {e}", manifest.display()))?;
+    let doc: toml::Table = text.parse().map_err(|e| format!("{} is not valid TOML: {e}", manifest.display()))?;
+    let path = doc
+        .get("patch")
+        .and_then(|p| p.get("crates-io"))
+        .and_then(|p| p.get("eerie-sys"))
+        .and_then(|p| p.get("path"))
+        .and_then(|p| p.as_str())
+        .ok_or_else(|| {
+            format!(
+                "{} does not patch eerie-sys to a path ([patch.crates-io] eerie-sys = {{ path = ... }}); \
+                 set MLXCEL_EERIE_SYS_DIR to eerie-sys's source directory",
+                manifest.display()
+            )
+        })?;
+    let dir = absolute(workspace, Path::new(path));
+    if !dir.join("Cargo.toml").is_file() {
+        return Err(format!("{} holds no eerie-sys source; run tools/dev/setup.sh, which places it", dir.display()));
     }
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("mlxcel-shim build: cargo metadata printed invalid json");
-    metadata["packages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == "eerie-sys")
-        .and_then(|p| p["manifest_path"].as_str())
-        .map(|m| PathBuf::from(m).parent().expect("manifest path has a parent").to_path_buf())
-        .expect("mlxcel-shim build: eerie-sys is not in cargo metadata")
+    Ok(dir)
+}
+
+fn absolute(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() { path.to_path_buf() } else { base.join(path) }
 }
