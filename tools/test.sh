@@ -32,5 +32,8 @@ esac
 step "benchmark script, quick variant (tools/bench/compare.py --quick: ratios printed, never asserted)"
 "$(tools/oracle/setup.sh | tail -n 1)" tools/bench/compare.py --quick
 step "oracle goldens reproduce (transformers / mlx-vlm)"
-# Writes nothing: every fixture is recomputed in memory and compared.
+# Writes nothing: every fixture is recomputed in memory and compared, exactly where the
+# numbers are portable across CPUs and floats within tools/oracle/check.py's bounds.
 bash tools/oracle/regen.sh --check
+step "the oracle check fails a real change (tools/oracle/test_check.py)"
+"$(tools/oracle/setup.sh | tail -n 1)" tools/oracle/test_check.py
