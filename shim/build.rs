@@ -53,7 +53,11 @@ fn main() {
         }
         build.file(path);
     }
-    build.compile("mlxcel_iree_io");
+    if let Err(e) = build.try_compile("mlxcel_iree_io") {
+        fail(&format!(
+            "compiling IREE's io-parameters sources failed ({e}); check that gcc is installed (Debian's build-essential)"
+        ));
+    }
 }
 
 /// Ends the build with one sentence instead of a panic's backtrace.
@@ -70,7 +74,8 @@ fn fail(message: &str) {
 /// being run had fetched (issue 15); without `--offline` a build script would
 /// reach for the network.
 fn eerie_sys_dir() -> Result<PathBuf, String> {
-    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|_| "cargo did not set CARGO_MANIFEST_DIR")?);
+    let manifest_dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|_| "cargo did not set CARGO_MANIFEST_DIR")?);
     let workspace = manifest_dir.parent().ok_or("the crate directory has no parent")?;
     let manifest = workspace.join("Cargo.toml");
     println!("cargo:rerun-if-changed={}", manifest.display());
