@@ -10,7 +10,7 @@ use mlxcel_shim::{
     Session, Target,
 };
 
-use super::{
+use mlxcel_decoder::{
     config::{ConfigError, TextConfig},
     graph::{self, BundleShape, WeightNames},
 };
@@ -160,13 +160,13 @@ impl Decoder {
         let mlir = graph::emit(&config, &names, shape, contract, weights)?;
         // For inspecting what the compiler is given.
         if let Some(dir) = std::env::var_os("MLXCEL_DUMP_MLIR") {
-            let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.arch.name()));
+            let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.preset.name));
             if let Err(e) = std::fs::write(&path, &mlir) {
                 tracing::warn!(path = %path.display(), error = %e, "could not dump the decoder MLIR");
             }
         }
         let fingerprint = Fingerprint {
-            arch: config.arch.name().to_owned(),
+            arch: config.preset.name.to_owned(),
             weights: weights_identity(&checkpoint),
             dtype: weights.to_string(),
             capacity: shape.capacity,

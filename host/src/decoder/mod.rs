@@ -1,11 +1,10 @@
-//! Text decoders: the graph of each architecture, compiled into one bundle
-//! per (checkpoint, dtype, capacity, slots, target), and the Rust API that
-//! prefills and decodes over its device-resident KV slots.
+//! Text decoders on a device: the bundle `mlxcel-decoder` emits for a
+//! checkpoint, compiled once per (checkpoint, dtype, capacity, slots,
+//! target), and the Rust API that prefills and decodes over its
+//! device-resident KV slots. Which architectures exist, and their graphs,
+//! live in `mlxcel-decoder`.
 
 mod bundle;
-pub mod config;
-pub mod graph;
 
 pub use bundle::{Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions};
-pub use config::{Arch, TextConfig};
-pub use graph::BundleShape;
+pub use mlxcel_decoder::{BundleShape, TextConfig, config, graph};

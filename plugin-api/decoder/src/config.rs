@@ -1,8 +1,8 @@
 //! The text decoder's view of a Hugging Face `config.json`: a serde mirror
-//! of the fields the graph needs, validated into [`TextConfig`], which says
-//! everything the graph varies on (norm order, activation, per-layer
-//! attention kind and rotary frequencies) so one graph serves every
-//! supported architecture.
+//! of the fields the graph needs, validated together with the
+//! architecture's [`Preset`] into [`TextConfig`], which says everything the
+//! graph varies on (norm order, activation, per-layer attention kind and
+//! rotary frequencies) so one graph serves every preset.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -10,30 +10,7 @@ use serde::Deserialize;
 
 pub use mlxcel_emit::RmsStyle;
 
-/// Decoder architectures, by HF `model_type`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama (LLaVA's language model): optional attention bias.
-    Llama,
-    /// Qwen2: q/k/v projections with bias.
-    Qwen2,
-    /// Qwen3: per-head RMSNorm on q and k before RoPE, no bias.
-    Qwen3,
-    /// Gemma3 text: sliding and global layers with their own RoPE, q/k
-    /// norms, sandwich norms, `(1 + w)` RMSNorm, sqrt(hidden) embedding scale.
-    Gemma3Text,
-}
-
-impl Arch {
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Gemma3Text => "gemma3_text",
-        }
-    }
-}
+use crate::presets::{self, AttnScale, Preset};
 
 /// The attention a layer does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -174,7 +151,8 @@ impl MRope {
 /// A decoder configuration, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextConfig {
-    pub arch: Arch,
+    /// The architecture preset the config was read with.
+    pub preset: &'static Preset,
     pub hidden: usize,
     pub intermediate: usize,
     pub layers: usize,
@@ -218,8 +196,8 @@ pub enum ConfigError {
     },
     #[error("{path} is not a valid config: {reason}")]
     Invalid { path: String, reason: String },
-    #[error("model_type {0:?} has no text decoder here (supported: llama, qwen2, qwen3, gemma3_text)")]
-    Unsupported(String),
+    #[error("model_type {model_type:?} has no text decoder preset (presets read: {supported})")]
+    Unsupported { model_type: String, supported: String },
 }
 
 fn parse_rope(r: &RawRope, fallback_theta: Option<f64>) -> Result<Rope, String> {
@@ -274,14 +252,10 @@ impl TextConfig {
             None => root,
         };
         let raw: RawConfig = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
-        let arch = match raw.model_type.as_str() {
-            "llama" => Arch::Llama,
-            "qwen2" | "qwen2_vl_text" | "qwen2_5_vl_text" => Arch::Qwen2,
-            "qwen3" | "qwen3_vl_text" => Arch::Qwen3,
-            "gemma3_text" => Arch::Gemma3Text,
-            other => return Err(ConfigError::Unsupported(other.to_owned())),
-        };
-        let gemma = arch == Arch::Gemma3Text;
+        let preset = presets::for_model_type(&raw.model_type).ok_or_else(|| ConfigError::Unsupported {
+            model_type: raw.model_type.clone(),
+            supported: presets::model_types(),
+        })?;
         let act_name = raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()).unwrap_or("silu");
         let activation = match act_name {
             "silu" => Activation::Silu,
@@ -299,7 +273,7 @@ impl TextConfig {
         if raw.use_bidirectional_attention {
             return Err(invalid("use_bidirectional_attention is not implemented".into()));
         }
-        if raw.use_sliding_window && !gemma {
+        if raw.use_sliding_window && !preset.sliding_layers {
             return Err(invalid("use_sliding_window is not implemented for this decoder".into()));
         }
         let layer_kinds = match &raw.layer_types {
@@ -313,7 +287,7 @@ impl TextConfig {
             return Err(invalid(format!("{} layer_types for {} layers", layer_kinds.len(), raw.num_hidden_layers)));
         }
         let sliding = layer_kinds.contains(&LayerKind::Sliding);
-        if sliding && !gemma {
+        if sliding && !preset.sliding_layers {
             return Err(invalid("sliding_attention layers are not implemented for this decoder".into()));
         }
         let sliding_window = if sliding {
@@ -366,13 +340,15 @@ impl TextConfig {
             }
             _ => None,
         };
-        let attn_scale = match (gemma, raw.query_pre_attn_scalar) {
-            (true, Some(s)) => s.powf(-0.5),
-            (true, None) => return Err(invalid("gemma3_text needs query_pre_attn_scalar".into())),
-            (false, _) => (head_dim as f64).powf(-0.5),
+        let attn_scale = match (preset.attn_scale, raw.query_pre_attn_scalar) {
+            (AttnScale::InverseSqrtQueryPreAttnScalar, Some(s)) => s.powf(-0.5),
+            (AttnScale::InverseSqrtQueryPreAttnScalar, None) => {
+                return Err(invalid(format!("{} needs query_pre_attn_scalar", preset.name)));
+            }
+            (AttnScale::InverseSqrtHeadDim, _) => (head_dim as f64).powf(-0.5),
         };
         Ok(TextConfig {
-            arch,
+            preset,
             hidden: raw.hidden_size,
             intermediate: raw.intermediate_size,
             layers: raw.num_hidden_layers,
@@ -381,15 +357,14 @@ impl TextConfig {
             head_dim,
             rms_eps: raw.rms_norm_eps,
             vocab: raw.vocab_size,
-            // Gemma ties by default; the others do not.
-            tied_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
-            qkv_bias: arch == Arch::Qwen2 || raw.attention_bias,
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3Text),
-            sandwich_norms: gemma,
-            norm_style: if gemma { RmsStyle::OnePlus } else { RmsStyle::Plain },
+            tied_embeddings: raw.tie_word_embeddings.unwrap_or(preset.tied_by_default),
+            qkv_bias: preset.qkv_bias || raw.attention_bias,
+            qk_norm: preset.qk_norm,
+            sandwich_norms: preset.sandwich_norms,
+            norm_style: preset.norm_style,
             activation,
             // torch.tensor(hidden ** 0.5) is an f32 tensor.
-            embed_scale: gemma.then(|| (raw.hidden_size as f64).sqrt() as f32),
+            embed_scale: preset.embed_scale_sqrt_hidden.then(|| (raw.hidden_size as f64).sqrt() as f32),
             attn_scale,
             layer_kinds,
             sliding_window,

@@ -24,7 +24,7 @@
 
 use mlxcel_emit::{Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
 
-use super::config::{Activation, LayerKind, TextConfig};
+use crate::config::{Activation, LayerKind, TextConfig};
 
 /// The fixed shapes a bundle is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

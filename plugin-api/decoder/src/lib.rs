@@ -1,0 +1,15 @@
+//! `mlxcel-decoder`: text decoders without a device. A checkpoint's
+//! `config.json` is read through an architecture [`presets::Preset`] into a
+//! [`TextConfig`], and [`graph::emit`] builds the decoder bundle's StableHLO
+//! from it; the host compiles that bundle and owns its KV slots. The host
+//! and family plugins link this crate, so no architecture is named outside it.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod graph;
+pub mod presets;
+
+pub use config::{ConfigError, TextConfig};
+pub use graph::{BundleShape, WeightNames};
+pub use presets::Preset;
