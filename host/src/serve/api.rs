@@ -258,6 +258,14 @@ impl axum::response::IntoResponse for ApiError {
         {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
         }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so this connection cannot carry another
+            // request: without the header a client's pool reused it and its next request met a
+            // closed socket ("server disconnected without sending a response").
+            response
+                .headers_mut()
+                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
         response
     }
 }
