@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
-use mlxcel_family_common::Image;
+use mlxcel_family_common::{Image, ImageError};
 use mlxcel_host::decoder::{Decoder, Extras, Positions};
 use mlxcel_plugin_api::{
     Capability, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
@@ -80,11 +80,13 @@ impl<'a> MediaModel<'a> {
     }
 
     /// Preprocesses every image (encoded bytes, in prompt order), refusing any whose declared
-    /// size exceeds `max_input_pixels` before decoding it.
-    pub(crate) fn request(&self, images: &[Vec<u8>], max_input_pixels: u64) -> Result<MediaRequest<'a>> {
+    /// size exceeds `max_input_pixels` before decoding it. A failure is the input's unless the
+    /// plugin reports a fault of its own.
+    pub(crate) fn request(&self, images: &[Vec<u8>], max_input_pixels: u64) -> Result<MediaRequest<'a>, MediaError> {
         let mut items = Vec::new();
         for (index, bytes) in images.iter().enumerate() {
-            items.push(self.item(bytes, max_input_pixels).with_context(|| format!("image {}", index + 1))?);
+            let item = self.item(bytes, max_input_pixels).with_context(|| format!("image {}", index + 1));
+            items.push(item.map_err(|e| MediaError::classify(e, Fault::Input))?);
         }
         Ok(self.assemble(items))
     }
@@ -96,6 +98,54 @@ impl<'a> MediaModel<'a> {
     fn assemble(&self, items: Vec<Preprocessed>) -> MediaRequest<'a> {
         let metas = items.iter().map(|p| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
         MediaRequest { plugin: self.plugin, config: self.config.clone(), items, metas }
+    }
+}
+
+/// Whose fault a failed media request is: what the server's status code says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The request's media: not an image, corrupt, too large, a form the family does not take.
+    Input,
+    /// Ours: the plugin failed on input it accepted, or an encoder did not compile or run.
+    Server,
+}
+
+/// A media request that failed after it was admitted, with whose fault it is.
+#[derive(Debug, thiserror::Error)]
+#[error("{error:#}")]
+pub(crate) struct MediaError {
+    pub(crate) fault: Fault,
+    error: anyhow::Error,
+}
+
+impl MediaError {
+    pub(crate) fn server(error: anyhow::Error) -> Self {
+        MediaError { fault: Fault::Server, error }
+    }
+
+    /// Classifies `error` by what caused it: a plugin's error by its code (invalid, unsupported
+    /// or over a limit: the input; internal or panicked: ours), any other plugin-boundary error
+    /// as ours, an image that does not decode as the input's, and anything else as `otherwise`
+    /// (the step's own default: input while reading the client's bytes, ours afterwards).
+    pub(crate) fn classify(error: anyhow::Error, otherwise: Fault) -> Self {
+        let fault = error
+            .chain()
+            .find_map(|cause| {
+                if let Some(e) = cause.downcast_ref::<PluginApiError>() {
+                    return Some(match e {
+                        PluginApiError::Plugin { error, .. } => match error.code {
+                            ErrorCode::InvalidArgument | ErrorCode::Unsupported | ErrorCode::ResourceExhausted => {
+                                Fault::Input
+                            }
+                            ErrorCode::Internal | ErrorCode::Panicked => Fault::Server,
+                        },
+                        _ => Fault::Server,
+                    });
+                }
+                cause.downcast_ref::<ImageError>().map(|_| Fault::Input)
+            })
+            .unwrap_or(otherwise);
+        MediaError { fault, error }
     }
 }
 
@@ -145,8 +195,17 @@ impl<'a> MediaRequest<'a> {
     }
 
     /// Expands the rendered prompt's placeholders with the plugin's layout and tokenizes the
-    /// result, checking that each item got as many feature tokens as its grid has rows.
-    pub(crate) fn expand(&self, prompt: &str, tokenizer: &mlxcel_host::text::Tokenizer) -> Result<Vec<u32>> {
+    /// result, checking that each item got as many feature tokens as its grid has rows. The
+    /// items were accepted, so a failure is ours unless the plugin blames the input.
+    pub(crate) fn expand(
+        &self,
+        prompt: &str,
+        tokenizer: &mlxcel_host::text::Tokenizer,
+    ) -> Result<Vec<u32>, MediaError> {
+        self.expand_inner(prompt, tokenizer).map_err(|e| MediaError::classify(e, Fault::Server))
+    }
+
+    fn expand_inner(&self, prompt: &str, tokenizer: &mlxcel_host::text::Tokenizer) -> Result<Vec<u32>> {
         let request = LayoutRequest { prompt: prompt.into(), items: self.metas.iter().cloned().collect() };
         let layout = self.plugin.prompt_layout(&self.config, &request)?;
         if layout.items.len() != self.items.len() {
@@ -169,8 +228,19 @@ impl<'a> MediaRequest<'a> {
     }
 
     /// Encodes every item, asks the plugin's contract where the features go and merges them into
-    /// the text embeddings of `ids`: what `Decoder::prefill_embeddings` takes.
+    /// the text embeddings of `ids`: what `Decoder::prefill_embeddings` takes. A failure is ours
+    /// (compiling or running an encoder, a contract the decoder cannot apply) unless the plugin
+    /// blames the input.
     pub(crate) fn prefill_input(
+        &self,
+        decoder: &mut Decoder,
+        ids: &[u32],
+        encoders: &mut Encoders,
+    ) -> Result<(HostTensor, Positions, Extras), MediaError> {
+        self.prefill_input_inner(decoder, ids, encoders).map_err(|e| MediaError::classify(e, Fault::Server))
+    }
+
+    fn prefill_input_inner(
         &self,
         decoder: &mut Decoder,
         ids: &[u32],
@@ -517,6 +587,36 @@ fn bidirectional(contract: &PrefillContract) -> Result<Vec<std::ops::Range<usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plugin_error(code: ErrorCode) -> anyhow::Error {
+        let error = mlxcel_plugin_api::PluginError::new(code, "what the plugin said");
+        anyhow::Error::new(PluginApiError::Plugin { plugin: "fam".into(), entry: "preprocess", error })
+            .context("image 1")
+    }
+
+    #[test]
+    fn a_media_failure_is_the_inputs_or_ours_by_what_caused_it() {
+        for (code, fault) in [
+            (ErrorCode::InvalidArgument, Fault::Input),
+            (ErrorCode::Unsupported, Fault::Input),
+            (ErrorCode::ResourceExhausted, Fault::Input),
+            (ErrorCode::Internal, Fault::Server),
+            (ErrorCode::Panicked, Fault::Server),
+        ] {
+            // The plugin's own code wins over the step's default, either way.
+            assert_eq!(MediaError::classify(plugin_error(code), Fault::Input).fault, fault, "{code:?}");
+            assert_eq!(MediaError::classify(plugin_error(code), Fault::Server).fault, fault, "{code:?}");
+        }
+        let not_png = anyhow::Error::new(ImageError::Format).context("image 2");
+        assert_eq!(MediaError::classify(not_png, Fault::Server).fault, Fault::Input);
+        let boundary = anyhow::Error::new(PluginApiError::BadConfig { reason: "x".into() });
+        assert_eq!(MediaError::classify(boundary, Fault::Input).fault, Fault::Server);
+        // An encoder that did not compile: nothing in the chain names the input.
+        let compile = anyhow!("compiling the encoder failed");
+        assert_eq!(MediaError::classify(compile, Fault::Server).fault, Fault::Server);
+        let shown = MediaError::classify(plugin_error(ErrorCode::Internal), Fault::Server).to_string();
+        assert!(shown.starts_with("image 1: plugin `fam` failed in preprocess"), "{shown}");
+    }
 
     #[test]
     fn a_text_scale_other_than_the_decoders_own_is_refused_naming_both() {

@@ -22,7 +22,7 @@ use mlxcel_host::sampling::{Sampler, TokenLogprobs};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
-use crate::multimodal::{Encoders, MediaRequest};
+use crate::multimodal::{Encoders, MediaError, MediaRequest};
 
 /// One request for the engine, prepared off the engine thread (template, tokens, decoded and
 /// preprocessed media).
@@ -60,8 +60,8 @@ pub(crate) enum Refusal {
     #[error("the server is shutting down")]
     Draining,
     /// Encoding the request's media failed.
-    #[error("{0}")]
-    Media(String),
+    #[error(transparent)]
+    Media(MediaError),
 }
 
 enum Command {
@@ -206,7 +206,8 @@ impl Engine {
                     return;
                 }
                 let Some(encoders) = self.encoders.as_mut() else {
-                    let _ = events.send(Event::Refused(Refusal::Media("this server runs no encoders".to_owned())));
+                    let e = MediaError::server(anyhow::anyhow!("this server runs no encoders"));
+                    let _ = events.send(Event::Refused(Refusal::Media(e)));
                     return;
                 };
                 match media.prefill_input(&mut self.decoder, &prompt, encoders) {
@@ -214,7 +215,7 @@ impl Engine {
                         PendingInput::Embeddings(PreparedPrompt { embeddings, positions, extras })
                     }
                     Err(e) => {
-                        let _ = events.send(Event::Refused(Refusal::Media(format!("{e:#}"))));
+                        let _ = events.send(Event::Refused(Refusal::Media(e)));
                         return;
                     }
                 }

@@ -33,7 +33,7 @@ use super::api::{
 use super::engine::{EngineHandle, Event, Job, Refusal};
 use super::fetch::RemoteImages;
 use super::metrics::Metrics;
-use crate::multimodal::{MediaModel, MediaRefusal, MediaRequest};
+use crate::multimodal::{Fault, MediaError, MediaModel, MediaRefusal, MediaRequest};
 
 /// Stop strings a request may give.
 const MAX_STOP_STRINGS: usize = 16;
@@ -272,7 +272,21 @@ fn refused(refusal: Refusal) -> ApiError {
             ApiError::invalid("empty_prompt", e.to_string()).param("messages")
         }
         Refusal::Draining => draining(),
-        Refusal::Media(message) => ApiError::invalid("media_not_encodable", message).param("messages"),
+        Refusal::Media(e) => media_error(e),
+    }
+}
+
+/// The one mapping of a media failure to a status: the request's media is a 400 naming the
+/// image, a fault of ours (the plugin's or an encoder's) a 500 that does not blame the client.
+fn media_error(e: MediaError) -> ApiError {
+    match e.fault {
+        Fault::Input => ApiError::invalid("invalid_image", e.to_string()).param("messages"),
+        Fault::Server => {
+            tracing::error!(error = %e, "a media request failed on the server's side");
+            let mut api = ApiError::internal(format!("the server failed to process the request's media: {e}"));
+            api.code = "media_failed";
+            api
+        }
     }
 }
 
@@ -505,12 +519,8 @@ fn prepare(
         (true, _) => (text.tokenizer.encode(&prompt, false).map_err(|e| ApiError::internal(e.to_string()))?, None),
         (false, None) => return Err(ApiError::invalid("model_not_multimodal", "this model takes no images")),
         (false, Some(media)) => {
-            let request = media
-                .request(images, state.max_input_pixels)
-                .map_err(|e| ApiError::invalid("invalid_image", format!("{e:#}")).param("messages"))?;
-            let ids = request
-                .expand(&prompt, &text.tokenizer)
-                .map_err(|e| ApiError::invalid("invalid_image", format!("{e:#}")).param("messages"))?;
+            let request = media.request(images, state.max_input_pixels).map_err(media_error)?;
+            let ids = request.expand(&prompt, &text.tokenizer).map_err(media_error)?;
             (ids, Some(request))
         }
     };
@@ -780,4 +790,26 @@ fn uuid_like() -> String {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("{t:x}{n:04x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_failures_blame_the_client_only_when_the_input_is_at_fault() {
+        let input = MediaError::classify(
+            anyhow::Error::new(mlxcel_family_common::ImageError::Format).context("image 1"),
+            Fault::Server,
+        );
+        let e = media_error(input);
+        assert_eq!(
+            (e.status, e.kind, e.code, e.param),
+            (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_image", Some("messages"))
+        );
+        let ours = MediaError::server(anyhow::anyhow!("the encoder did not compile"));
+        let e = media_error(ours);
+        assert_eq!((e.status, e.kind, e.code), (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "media_failed"));
+        assert!(e.message.contains("the encoder did not compile"), "{}", e.message);
+    }
 }
