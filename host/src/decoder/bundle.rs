@@ -11,8 +11,9 @@ use mlxcel_shim::{
 };
 
 use mlxcel_decoder::{
+    DecoderWeights, GraphError, Index, TensorInfo, WeightsError,
     config::{ConfigError, TextConfig},
-    graph::{self, BundleShape, WeightNames},
+    graph::{self, BundleShape},
 };
 
 /// What a bundle is compiled for.
@@ -44,6 +45,8 @@ pub enum DecoderError {
     Runtime(#[from] mlxcel_shim::Error),
     #[error("emitting the decoder graph: {0}")]
     Emit(#[from] mlxcel_emit::EmitError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
     #[error("slot {slot} is out of range (the bundle has {slots} slots)")]
     SlotOutOfRange { slot: usize, slots: usize },
     #[error("{used} cache rows plus {adding} new tokens exceed the context capacity of {capacity}")]
@@ -56,8 +59,6 @@ pub enum DecoderError {
     Positions(String),
     #[error("the compiled bundle lacks exports: {0}")]
     MissingExports(String),
-    #[error("the checkpoint has no {0}")]
-    MissingWeights(String),
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("token id {token} is outside the vocabulary of {vocab}")]
@@ -150,14 +151,18 @@ impl Decoder {
             return Err(DecoderError::BadShape { capacity: shape.capacity, chunk: shape.chunk });
         }
         let checkpoint = Checkpoint::open(dir)?;
-        let names = weight_names(&checkpoint, &config)?;
+        let index = index(&checkpoint);
+        let names = DecoderWeights::resolve(&index, config.tied_embeddings)?;
         let contract = match options.contract {
             Some(c) => c,
             None => contract_for(&checkpoint, &names)?,
         };
         let options = DecoderOptions { contract: Some(contract), ..options };
         let weights = weight_dtype(&checkpoint, &names, &contract)?;
-        let mlir = graph::emit(&config, &names, shape, contract, weights)?;
+        let mlir = graph::emit(&config, &names, &index, shape, contract, weights).map_err(|e| match e {
+            GraphError::Emit(e) => DecoderError::Emit(e),
+            GraphError::Weights(e) => DecoderError::Weights(e),
+        })?;
         // For inspecting what the compiler is given.
         if let Some(dir) = std::env::var_os("MLXCEL_DUMP_MLIR") {
             let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.preset.name));
@@ -679,33 +684,23 @@ pub struct Extras {
 const EXPORTS: [&str; 7] =
     ["embed", "prefill_tokens", "prefill_embeddings", "logits", "logits_at", "decode", "kv_slot"];
 
-/// Finds the decoder's weights in a text or VLM checkpoint.
-fn weight_names(ckpt: &Checkpoint, config: &TextConfig) -> Result<WeightNames, DecoderError> {
-    let prefix = ["model.", "model.language_model.", "language_model.model.", ""]
-        .into_iter()
-        .find(|p| ckpt.get(&format!("{p}embed_tokens.weight")).is_some())
-        .ok_or_else(|| DecoderError::MissingWeights("embed_tokens.weight under any known prefix".into()))?;
-    let lm_head = if config.tied_embeddings {
-        None
-    } else {
-        let key = ["lm_head.weight", "language_model.lm_head.weight"]
-            .into_iter()
-            .find(|k| ckpt.get(k).is_some())
-            .ok_or_else(|| DecoderError::MissingWeights("lm_head.weight (and the embeddings are not tied)".into()))?;
-        Some(key.to_owned())
-    };
-    Ok(WeightNames { prefix: prefix.to_owned(), lm_head })
+/// The checkpoint's tensors as the resolver reads them.
+fn index(ckpt: &Checkpoint) -> Index {
+    ckpt.tensors()
+        .iter()
+        .map(|(key, t)| (key.clone(), TensorInfo { dtype: t.dtype.clone(), shape: t.shape.clone() }))
+        .collect()
 }
 
 /// The checkpoint's embedding-table key and its safetensors dtype.
-fn embed_dtype(ckpt: &Checkpoint, names: &WeightNames) -> (String, String) {
-    let key = format!("{}embed_tokens.weight", names.prefix);
+fn embed_dtype(ckpt: &Checkpoint, names: &DecoderWeights) -> (String, String) {
+    let key = names.embed();
     let found = ckpt.get(&key).map(|e| e.dtype.clone()).unwrap_or_default();
     (key, found)
 }
 
 /// The contract matching the checkpoint's weight dtype.
-fn contract_for(ckpt: &Checkpoint, names: &WeightNames) -> Result<NumericContract, DecoderError> {
+fn contract_for(ckpt: &Checkpoint, names: &DecoderWeights) -> Result<NumericContract, DecoderError> {
     let (key, found) = embed_dtype(ckpt, names);
     match found.as_str() {
         "F32" => Ok(NumericContract::f32()),
@@ -716,7 +711,7 @@ fn contract_for(ckpt: &Checkpoint, names: &WeightNames) -> Result<NumericContrac
 
 /// The dtype the checkpoint stores the decoder's weights in, which must be
 /// the contract's activation dtype (f32 checkpoints run the f32 contract).
-fn weight_dtype(ckpt: &Checkpoint, names: &WeightNames, contract: &NumericContract) -> Result<Elem, DecoderError> {
+fn weight_dtype(ckpt: &Checkpoint, names: &DecoderWeights, contract: &NumericContract) -> Result<Elem, DecoderError> {
     let want = contract.activations;
     let (key, found) = embed_dtype(ckpt, names);
     if Elem::from_safetensors(&found) != Some(want) {

@@ -22,9 +22,21 @@
 //! separately declared DUS-only globals). Masks are additive and built by the
 //! host, so causal, padded and family-specific masks all take one path.
 
+use std::cell::RefCell;
+
 use mlxcel_emit::{Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
 
 use crate::config::{Activation, LayerKind, TextConfig};
+use crate::weights::{DecoderWeights, Index, WeightsError};
+
+/// Why a bundle cannot be emitted for a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    #[error(transparent)]
+    Emit(#[from] EmitError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+}
 
 /// The fixed shapes a bundle is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,17 +83,6 @@ struct Weights {
     lm_head: Global,
 }
 
-/// Where a checkpoint keeps the decoder's weights: text models use
-/// `model.`, VLM checkpoints `model.language_model.` or
-/// `language_model.model.`; the LM head may be tied to the embeddings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WeightNames {
-    /// Prefix of `embed_tokens.weight`, `layers.N.*` and `norm.weight`.
-    pub prefix: String,
-    /// The LM head's key, or `None` when tied to the embeddings.
-    pub lm_head: Option<String>,
-}
-
 /// Which cache slots the rows of a call use.
 enum Slots {
     /// One slot (runtime index) for every row: prefill.
@@ -98,22 +99,30 @@ struct Emitter<'a> {
     cache: Global,
 }
 
-/// Emits the bundle module for `cfg`.
+/// Emits the bundle module for `cfg` on the checkpoint `index`, whose weights `names`
+/// locates; every tensor the graph declares is checked against `index` (present, of the
+/// config's shape, stored dense in `weights`) and every problem reported before any MLIR
+/// is returned.
 pub fn emit(
     cfg: &TextConfig,
-    names: &WeightNames,
+    names: &DecoderWeights,
+    index: &Index,
     shape: BundleShape,
     contract: NumericContract,
     weights: Elem,
-) -> Result<String, EmitError> {
+) -> Result<String, GraphError> {
     let mut m = Module::new("decoder");
-    let p = |m: &mut Module, key: String, shape: &[usize]| m.param(&key, Type::new(weights, shape));
+    // Every declared parameter, for the check against the checkpoint.
+    let declared: RefCell<Vec<(String, Vec<usize>)>> = RefCell::default();
+    let p = |m: &mut Module, key: String, shape: &[usize]| {
+        declared.borrow_mut().push((key.clone(), shape.to_vec()));
+        m.param(&key, Type::new(weights, shape))
+    };
     let (h, d) = (cfg.hidden, cfg.head_dim);
-    let prefix = &names.prefix;
-    let embed = p(&mut m, format!("{prefix}embed_tokens.weight"), &[cfg.vocab, h]);
+    let embed = p(&mut m, names.embed(), &[cfg.vocab, h]);
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
-        let n = |s: &str| format!("{prefix}layers.{i}.{s}");
+        let n = |s: &str| names.key(&format!("layers.{i}.{s}"));
         layers.push(Layer {
             ln1: p(&mut m, n("input_layernorm.weight"), &[h]),
             q: p(&mut m, n("self_attn.q_proj.weight"), &[cfg.heads * d, h]),
@@ -142,7 +151,7 @@ pub fn emit(
             down: p(&mut m, n("mlp.down_proj.weight"), &[h, cfg.intermediate]),
         });
     }
-    let norm = p(&mut m, format!("{prefix}norm.weight"), &[h]);
+    let norm = p(&mut m, names.key("norm.weight"), &[h]);
     let lm_head = match &names.lm_head {
         Some(key) => p(&mut m, key.clone(), &[cfg.vocab, h]),
         None => embed.clone(),
@@ -219,7 +228,9 @@ pub fn emit(
     let logits = e.head(&mut f, &hidden);
     m.add_func(f, &[logits]);
 
-    m.finish()
+    let declared = declared.into_inner();
+    DecoderWeights::check(index, declared.iter().map(|(k, s)| (k.as_str(), s.as_slice())), weights)?;
+    Ok(m.finish()?)
 }
 
 impl Emitter<'_> {

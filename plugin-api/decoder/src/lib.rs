@@ -1,7 +1,8 @@
 //! `mlxcel-decoder`: text decoders without a device. A checkpoint's
 //! `config.json` is read through an architecture [`presets::Preset`] into a
 //! [`TextConfig`], and [`graph::emit`] builds the decoder bundle's StableHLO
-//! from it; the host compiles that bundle and owns its KV slots. The host
+//! from it, its weights located and checked by the one resolver
+//! ([`weights::DecoderWeights`]); the host compiles that bundle and owns its KV slots. The host
 //! and family plugins link this crate, so no architecture is named outside it.
 
 #![forbid(unsafe_code)]
@@ -9,7 +10,9 @@
 pub mod config;
 pub mod graph;
 pub mod presets;
+pub mod weights;
 
 pub use config::{ConfigError, TextConfig};
-pub use graph::{BundleShape, WeightNames};
+pub use graph::{BundleShape, GraphError};
 pub use presets::Preset;
+pub use weights::{DecoderWeights, Index, Linear, Quantization, TensorInfo, WeightsError};
