@@ -55,6 +55,10 @@ pub(crate) struct VerifyArgs {
     /// Check only this variant (repeatable) [default: every variant in `goldens/`].
     #[arg(long = "variant", value_name = "NAME")]
     variants: Vec<String>,
+    /// Print the report as one JSON object on stdout (the lines go to stderr): every stage of
+    /// every variant with its outcome, difference and tolerance, what conformance tests read.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -107,6 +111,24 @@ fn stage(name: &'static str, outcome: Outcome) -> Stage {
     Stage { name, outcome }
 }
 
+impl Stage {
+    /// The stage as `--json` reports it.
+    fn json(&self, variant: &str) -> serde_json::Value {
+        let (outcome, max_abs_diff, tolerance, detail) = match &self.outcome {
+            Outcome::Checked(detail) => ("checked", None, None, detail.as_str()),
+            Outcome::Passed { max_abs_diff, tolerance, detail } => {
+                ("passed", Some(*max_abs_diff), Some(*tolerance), detail.as_str())
+            }
+            Outcome::Failed(why) => ("failed", None, None, why.as_str()),
+            Outcome::Skipped(why) => ("skipped", None, None, why.as_str()),
+        };
+        serde_json::json!({
+            "variant": variant, "stage": self.name, "outcome": outcome,
+            "max_abs_diff": max_abs_diff, "tolerance": tolerance, "detail": detail,
+        })
+    }
+}
+
 /// A golden comparison as an outcome.
 fn compared(result: Result<Report, mlxcel_golden::Error>, detail: String) -> Outcome {
     match result {
@@ -116,6 +138,13 @@ fn compared(result: Result<Report, mlxcel_golden::Error>, detail: String) -> Out
 }
 
 pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
+    // With --json the human report goes to stderr and stdout holds only the JSON object.
+    let json = args.json;
+    macro_rules! println {
+        ($($arg:tt)*) => {
+            if json { eprintln!($($arg)*) } else { std::println!($($arg)*) }
+        };
+    }
     let fixture = Fixture::open(&args.fixture);
     let dir = fixture.dir();
     let config_json = read_text(&dir.join("config.json"))?;
@@ -160,6 +189,21 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
 
     let failures: Vec<&(String, Stage)> =
         results.iter().filter(|(_, s)| matches!(s.outcome, Outcome::Failed(_))).collect();
+    if json {
+        let report = serde_json::json!({
+            "plugin": plugin.name(),
+            "plugin_version": plugin.manifest().plugin.version,
+            "plugin_api": plugin.api_version().to_string(),
+            "fixture": dir.display().to_string(),
+            "passed": failures.is_empty(),
+            "variants": variants,
+            "stages": results.iter().map(|(variant, s)| s.json(variant)).collect::<Vec<_>>(),
+            "greedy": kit.greedy.iter().map(|(variant, matched, total)| {
+                (variant.clone(), serde_json::json!({"matched": matched, "total": total}))
+            }).collect::<serde_json::Map<_, _>>(),
+        });
+        std::println!("{report}");
+    }
     if let Some((variant, first)) = failures.first() {
         bail!(
             "verify failed: {} stage(s) failed; the first is variant {variant}, stage {}: {}",

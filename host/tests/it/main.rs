@@ -1,10 +1,10 @@
 //! Host integration tests against the oracle's goldens (tests/fixtures).
 
+mod conformance;
 mod decoder;
-mod gemma3;
 mod generate;
 mod generate_image;
-mod llava;
+mod merge;
 mod plugins;
-mod qwen2_vl;
 mod server;
+mod support;

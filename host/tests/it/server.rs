@@ -7,12 +7,11 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use mlxcel_host::text::Tokenizer;
 
-use crate::qwen2_vl::{built_plugins, experimental_copy};
+use crate::support::{experimental_copy, plugins};
 
 fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace")
@@ -27,15 +26,6 @@ fn fixture_dir(name: &str) -> PathBuf {
 
 fn fixture() -> PathBuf {
     fixture_dir(FIXTURE)
-}
-
-fn plugins() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server-plugins");
-        built_plugins(&dir);
-        dir
-    })
 }
 
 /// The project venv's Python, which has the `openai` client (tools/dev/setup.sh).

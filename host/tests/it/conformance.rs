@@ -1,0 +1,254 @@
+//! One conformance check per family fixture, read from the fixture itself: every
+//! `plugins verify` stage of every golden variant (through `--json`), `generate --image` giving
+//! each media variant's golden prompt ids and greedy tokens, the golden media requests inside a
+//! mixed batch through the server, and bad images refused clearly. A new family adds its
+//! fixture's name to `conformance!`; nothing here names what a family does.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mlxcel_plugin_api::manifest::STAGES;
+use safetensors::tensor::TensorView;
+
+use crate::support::{copy_dir, fixture, generate, golden_json, ids, plugins, png, refused};
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                check(stringify!($name));
+            }
+        )*
+    };
+}
+
+conformance!(qwen2_vl, gemma3, llava);
+
+fn check(name: &str) {
+    verify_passes_every_stage(name);
+    generate_gives_the_golden_tokens(name);
+    crate::server::mixed_batch_gives_the_golden_tokens(name);
+    bad_images_are_refused_clearly(name);
+}
+
+/// `plugins verify --json` on `dir` with a fresh compile cache.
+fn verify_json(dir: &Path, cache: &Path) -> (bool, serde_json::Value, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
+        .args(["plugins", "verify"])
+        .arg(plugins())
+        .arg("--fixture")
+        .arg(dir)
+        .arg("--cache-dir")
+        .arg(cache)
+        .arg("--json")
+        .env_remove("MLXCEL_PLUGINS")
+        .output()
+        .expect("run mlxcel-host");
+    let err = String::from_utf8_lossy(&output.stderr).into_owned();
+    let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("no json report ({e}):\n{err}"));
+    (output.status.success(), report, err)
+}
+
+fn stage<'a>(report: &'a serde_json::Value, variant: &str, name: &str) -> Option<&'a serde_json::Value> {
+    report["stages"].as_array()?.iter().find(|s| s["variant"] == variant && s["stage"] == name)
+}
+
+/// The media a golden variant's prompt carries.
+fn media(golden: &serde_json::Value) -> Vec<String> {
+    golden["images"]
+        .as_array()
+        .map_or_else(Vec::new, |a| a.iter().map(|p| p.as_str().expect("path").to_owned()).collect())
+}
+
+fn verify_passes_every_stage(name: &str) {
+    let temp = tempfile::tempdir().expect("temp dir");
+    let (ok, report, err) = verify_json(&fixture(name), &temp.path().join("cache"));
+    println!("{err}");
+    assert!(ok && report["passed"] == true, "{name}: verify failed:\n{err}");
+    for fixture_stage in ["config", "checkpoint"] {
+        let s = stage(&report, "(fixture)", fixture_stage).unwrap_or_else(|| panic!("{name}: no {fixture_stage}"));
+        assert_eq!(s["outcome"], "checked", "{name}: {s}");
+    }
+    let variants = report["variants"].as_array().expect("variants");
+    assert!(variants.len() >= 2, "{name}: {variants:?}");
+    for variant in variants.iter().map(|v| v.as_str().expect("name")) {
+        let golden = golden_json(name, variant);
+        let with_media = !media(&golden).is_empty();
+        for s in STAGES.iter().chain(&["tokens"]) {
+            let got = stage(&report, variant, s).unwrap_or_else(|| panic!("{name}/{variant}: no stage {s}"));
+            // Tokens are counted (`checked`, "16/16"); the other stages are compared.
+            let allowed: &[&str] = match *s {
+                "tokens" => &["checked"],
+                "embeddings" | "logits" => &["passed"],
+                _ if with_media => &["passed"],
+                _ => &["passed", "skipped"],
+            };
+            assert!(
+                allowed.iter().any(|a| got["outcome"] == *a),
+                "{name}/{variant}: stage {s} is {}, expected {allowed:?}: {got}",
+                got["outcome"]
+            );
+        }
+        let steps = golden["greedy_tokens"].as_array().expect("greedy tokens").len();
+        let greedy = &report["greedy"][variant];
+        assert_eq!((greedy["matched"].as_u64(), greedy["total"].as_u64()), (Some(steps as u64), Some(steps as u64)));
+    }
+}
+
+fn generate_gives_the_golden_tokens(name: &str) {
+    let dir = fixture(name);
+    let mut checked = 0;
+    for variant in crate::support::variants(name) {
+        let golden = golden_json(name, &variant);
+        let images: Vec<PathBuf> = media(&golden).iter().map(|p| dir.join(p)).collect();
+        if images.is_empty() {
+            continue;
+        }
+        // `generate --image` places the images before its one text prompt: the variants laid
+        // out so (media parts, then one text part) are its golden requests.
+        let parts = golden["messages"][0]["content"].as_array().expect("parts");
+        let Some((last, before)) = parts.split_last() else { continue };
+        if last["type"] != "text" || before.iter().any(|p| p["type"] == "text") {
+            continue;
+        }
+        let text = last["text"].as_str().expect("text");
+        // Qualified capabilities are served without --allow-unqualified.
+        let out = generate(plugins(), &dir, &images, text, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}/{variant}: {stderr}");
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one json object on stdout");
+        assert_eq!(got["prompt"], golden["prompt"], "{name}/{variant}: rendered prompt");
+        assert_eq!(ids(&got["prompt_ids"]), ids(&golden["input_ids"]), "{name}/{variant}: expanded prompt ids");
+        assert_eq!(ids(&got["tokens"]), ids(&golden["greedy_tokens"]), "{name}/{variant}: greedy tokens");
+        checked += 1;
+    }
+    assert!(checked >= 2, "{name}: only {checked} media variants went through generate");
+}
+
+fn bad_images_are_refused_clearly(name: &str) {
+    let dir = fixture(name);
+    let temp = tempfile::tempdir().expect("temp dir");
+    let write = |file: &str, bytes: &[u8]| {
+        let path = temp.path().join(file);
+        std::fs::write(&path, bytes).expect("write");
+        path
+    };
+    let any_image = dir.join(&media(&golden_json(name, "image"))[0]);
+    let bytes = std::fs::read(&any_image).expect("png");
+    let cases = [
+        (write("truncated.png", &bytes[..60]), "cannot decode the png"),
+        (dir.join("config.json"), "not a png image"),
+        (
+            {
+                let mut empty = png(4, 4);
+                empty[16..20].copy_from_slice(&0u32.to_be_bytes());
+                write("empty.png", &empty)
+            },
+            "the image is empty (0x4)",
+        ),
+    ];
+    for (path, why) in &cases {
+        let stderr = refused(&generate(plugins(), &dir, std::slice::from_ref(path), "Describe.", &[]));
+        assert!(stderr.contains(&format!("cannot use {} as an image", path.display())), "{name}: {stderr}");
+        assert!(stderr.contains(why), "{name}: expected {why:?} in {stderr}");
+    }
+    // Small but usable: resized as the reference resizes it, and generation runs.
+    let small = write("small.png", &png(3, 2));
+    let out = generate(plugins(), &dir, &[small], "Describe.", &[]);
+    assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Processor settings a family does not implement, each refused before any image is touched:
+/// (fixture, file, the fixture's text, the text that asks for it, what the refusal says).
+const UNSUPPORTED_CONFIGS: &[(&str, &str, &str, &str, &str)] = &[(
+    "gemma3",
+    "processor_config.json",
+    "\"do_pan_and_scan\": false",
+    "\"do_pan_and_scan\": true",
+    "do_pan_and_scan: true (pan-and-scan crops are not implemented",
+)];
+
+#[test]
+fn unsupported_processor_configs_are_refused_before_any_image() {
+    for (name, file, from, to, why) in UNSUPPORTED_CONFIGS {
+        let temp = tempfile::tempdir().expect("temp dir");
+        let copy = temp.path().join(name);
+        copy_dir(&fixture(name), &copy);
+        let path = copy.join(file);
+        let text = std::fs::read_to_string(&path).expect("config");
+        let edited = text.replace(from, to);
+        assert_ne!(edited, text, "{name}: {file} has no {from}");
+        std::fs::write(&path, edited).expect("write");
+        let image = copy.join(&media(&golden_json(name, "image"))[0]);
+        let stderr = refused(&generate(plugins(), &copy, &[image], "Describe.", &[]));
+        assert!(stderr.contains(&format!("plugin cannot read {}", copy.display())), "{name}: {stderr}");
+        assert!(stderr.contains(why), "{name}: expected {why:?} in {stderr}");
+    }
+}
+
+/// The lines verify printed for one variant.
+fn section<'a>(out: &'a str, variant: &str) -> &'a str {
+    let section = out.split(&format!("variant {variant}:\n")).nth(1).expect("the variant is reported");
+    section.split("variant ").next().unwrap_or(section)
+}
+
+/// `plugins verify` of the qwen2_vl plugin on `dir` (its human report).
+fn verify(temp: &Path, dir: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
+        .args(["plugins", "verify"])
+        .arg(plugins().join("qwen2_vl.toml"))
+        .arg("--fixture")
+        .arg(dir)
+        .arg("--cache-dir")
+        .arg(temp.join("cache"))
+        .env_remove("MLXCEL_PLUGINS")
+        .output()
+        .expect("run mlxcel-host")
+}
+
+/// verify itself: a golden nudged past the tolerance fails at that stage and names the first
+/// divergent coordinate, while the stages around it still pass.
+#[test]
+fn verify_fails_at_the_logits_stage_when_a_decode_step_diverges() {
+    let temp = tempfile::tempdir().expect("temp dir");
+    let copy = temp.path().join("qwen2_vl");
+    copy_dir(&fixture("qwen2_vl"), &copy);
+    // Shift one golden logit of decode step 5 (vocabulary id 7, not the step's argmax) by far
+    // more than the 1e-4 tolerance.
+    let path = copy.join("goldens/image.safetensors");
+    let bytes = std::fs::read(&path).expect("read goldens");
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).expect("goldens header");
+    let metadata: Option<HashMap<String, String>> = header.metadata().clone();
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("goldens parse");
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.dtype(), view.shape().to_vec(), view.data().to_vec()))
+        .collect();
+    let logits = tensors.iter_mut().find(|t| t.0 == "decode_logits").expect("decode_logits");
+    let vocab = logits.2[1];
+    let at = (5 * vocab + 7) * 4;
+    let value = f32::from_le_bytes(logits.3[at..at + 4].try_into().expect("4 bytes")) - 0.01;
+    logits.3[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| (name.as_str(), TensorView::new(*dtype, shape.clone(), data).expect("view")))
+        .collect();
+    std::fs::write(&path, safetensors::serialize(views, metadata).expect("serialize")).expect("write goldens");
+
+    let output = verify(temp.path(), &copy);
+    let (out, err) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    println!("{out}{err}");
+    assert!(!output.status.success(), "{out}");
+    let image = section(&out, "image");
+    let first =
+        format!("logits       FAILED   stage decode_logits: first divergence at flat index {} [5, 7]", 5 * vocab + 7);
+    assert!(image.contains(&first), "{out}");
+    assert!(image.contains("1 of 7168 over tolerance"), "{out}");
+    // The steps are fed the golden tokens, so the argmax still matches everywhere.
+    assert!(image.contains("tokens       ok       16/16"), "{out}");
+    assert!(section(&out, "two_images").contains("logits       ok"), "{out}");
+    assert!(err.contains("verify failed: 1 stage(s) failed; the first is variant image, stage logits"), "{err}");
+}

@@ -1,0 +1,119 @@
+//! What the integration tests share: the workspace's fixtures, the in-tree plugins built as the
+//! README's run command builds them, and `generate` run as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub(crate) fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace")
+}
+
+/// A fixture's directory (`tests/fixtures/<name>`).
+pub(crate) fn fixture(name: &str) -> PathBuf {
+    workspace().join("tests/fixtures").join(name)
+}
+
+/// A golden variant's JSON.
+pub(crate) fn golden_json(name: &str, variant: &str) -> serde_json::Value {
+    let path = fixture(name).join("goldens").join(format!("{variant}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).expect("golden json")).expect("json")
+}
+
+/// A fixture's golden variants, sorted.
+pub(crate) fn variants(name: &str) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(fixture(name).join("goldens"))
+        .expect("goldens")
+        .filter_map(|e| {
+            let path = e.expect("entry").path();
+            (path.extension()? == "json").then(|| path.file_stem()?.to_str().map(str::to_owned))?
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The in-tree plugins, built once for this test binary.
+pub(crate) fn plugins() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("it-plugins");
+        built_plugins(&dir);
+        dir
+    })
+}
+
+/// Builds the in-tree plugins into `dir`, as the README's run command does.
+pub(crate) fn built_plugins(dir: &Path) {
+    let output = Command::new(workspace().join("tools/build-plugins.sh"))
+        .arg(dir)
+        .current_dir(workspace())
+        .output()
+        .expect("run tools/build-plugins.sh");
+    assert!(output.status.success(), "build-plugins failed:\n{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// A copy of a built plugin directory whose qwen2_vl manifest marks every qualified capability
+/// `experimental` again: the gate's refusal, tested without depending on a real manifest's status.
+pub(crate) fn experimental_copy(built: &Path, out: &Path) {
+    std::fs::create_dir_all(out).expect("create the copy");
+    for entry in std::fs::read_dir(built).expect("read the plugin dir") {
+        let path = entry.expect("entry").path();
+        let target = out.join(path.file_name().expect("file name"));
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).expect("manifest");
+            let text = text.replace("status = \"qualified\"", "status = \"experimental\"");
+            std::fs::write(target, text).expect("write the manifest");
+        } else {
+            std::fs::copy(&path, target).expect("copy the library");
+        }
+    }
+}
+
+/// `generate` on `model` with these images, greedy, 16 tokens, one JSON object on stdout.
+pub(crate) fn generate(plugin_dir: &Path, model: &Path, images: &[PathBuf], prompt: &str, extra: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"));
+    command.arg("generate").arg("--model").arg(model).args(["--prompt", prompt]);
+    for image in images {
+        command.arg("--image").arg(image);
+    }
+    command.arg("--plugins").arg(plugin_dir);
+    command.args(["--capacity", "128", "--chunk", "32", "--max-tokens", "16", "--ignore-eos", "--json"]);
+    command.args(extra).env_remove("MLXCEL_PLUGINS").output().expect("the binary runs")
+}
+
+pub(crate) fn ids(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id")).collect()
+}
+
+/// The stderr of a command that must have failed.
+pub(crate) fn refused(out: &Output) -> String {
+    assert!(!out.status.success(), "expected a refusal, got: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Copies a directory tree.
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("list the directory") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy the file");
+        }
+    }
+}
+
+/// A grey RGB PNG of `width x height`.
+pub(crate) fn png(width: u32, height: u32) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().expect("png header");
+    writer.write_image_data(&vec![128; (width * height * 3) as usize]).expect("png data");
+    writer.finish().expect("png end");
+    bytes
+}
