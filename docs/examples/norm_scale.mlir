@@ -1,7 +1,7 @@
 // A checkpoint tensor as an IREE parameter: scales a row by the final norm
 // weight of a 64-wide checkpoint (the bundled tests/fixtures/qwen2), the
 // multiply an RMSNorm ends with. Run it with
-//   tools/run.sh run docs/examples/norm_scale.mlir --function example.scale --input "1x64xf32=$(seq -s ' ' 64)" --params tests/fixtures/qwen2
+//   tools/run.sh run docs/examples/norm_scale.mlir --input "1x64xf32=$(seq -s ' ' 64)" --params tests/fixtures/qwen2
 module @example {
   util.global private @norm = #flow.parameter.named<"model"::"model.norm.weight"> : tensor<64xf32>
   func.func @scale(%x: tensor<1x64xf32>) -> tensor<1x64xf32> {

@@ -103,14 +103,19 @@ pub(crate) fn run_file(
     let session = Session::new(&device, parameters.as_ref(), &[&artifact])?;
     let function = match function {
         Some(f) => f.to_owned(),
-        None => match session.functions() {
-            [only] => only.name.clone(),
-            many => bail!(
-                "the module exports {} functions; pick one with --function ({})",
-                many.len(),
-                many.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ")
-            ),
-        },
+        None => {
+            // IREE exports `__init` (and other `__` names) itself for a module with globals:
+            // the initializer it runs on load, never the function a user means.
+            let functions = session.functions();
+            let user: Vec<&str> =
+                functions.iter().map(|f| f.name.as_str()).filter(|n| !export_name(n).starts_with("__")).collect();
+            match user.as_slice() {
+                [only] => (*only).to_owned(),
+                many => {
+                    bail!("the module exports {} functions; pick one with --function ({})", many.len(), many.join(", "))
+                }
+            }
+        }
     };
     let tensors = inputs.iter().map(|s| parse_input(s)).collect::<Result<Vec<_>>>()?;
     let call_args: Vec<Arg<'_>> = tensors.iter().map(Arg::from).collect();
@@ -118,6 +123,11 @@ pub(crate) fn run_file(
         println!("result[{i}]: {} = {}", out.desc(), format_values(&out.to_host()?)?);
     }
     Ok(())
+}
+
+/// The function's own name in `module.function`.
+fn export_name(qualified: &str) -> &str {
+    qualified.rsplit_once('.').map_or(qualified, |(_, f)| f)
 }
 
 /// Parses `2x3xf32=1 2 3 4 5 6` (or `f32=1.5` for a scalar).
@@ -156,6 +166,13 @@ fn format_values(t: &HostTensor) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iree_internal_exports_are_never_the_default_function() {
+        assert_eq!(export_name("example.__init"), "__init");
+        assert_eq!(export_name("example.scale"), "scale");
+        assert_eq!(export_name("scale"), "scale");
+    }
 
     #[test]
     fn inputs_parse_like_iree_run_module() {
