@@ -4,15 +4,16 @@
 //! text embeddings as the prefill contract says. `generate --image` and `plugins verify` share
 //! the pieces here.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
+use mlxcel_decoder::prefill::{Injection, Mode, Placement as ProgramPlacement, Program};
 use mlxcel_family_common::{Image, ImageError};
 use mlxcel_host::decoder::{Decoder, Extras, Positions};
 use mlxcel_plugin_api::{
     Capability, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
-    ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, Placement, PluginSet,
+    InjectionMode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PluginSet,
     Positions as Laid, PrefillContract, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
 };
 use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
@@ -248,40 +249,78 @@ impl<'a> MediaRequest<'a> {
     ) -> Result<(HostTensor, Positions, Extras)> {
         let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
         let contract = self.plugin.prefill_contract(&self.config, &request)?;
-        contract_input(decoder, ids, &contract, self.plugin.name(), |placement| {
-            let index = placement.item as usize;
+        contract_input(decoder, ids, &contract, self.plugin.name(), |index| {
             let item = self
                 .items
                 .get(index)
                 .with_context(|| format!("the contract places item {index}, which the request does not have"))?;
-            encoders.encode(self.plugin, &self.config, Modality::Image, item, Some(placement.encoder_output.as_str()))
+            encoders.encode_all(self.plugin, &self.config, Modality::Image, item)
         })
     }
 }
 
-/// The prefill input of `ids` under `plugin`'s contract: the text embeddings merged with the
-/// rows `features` returns for each placement (asked in the contract's order), the contract's
-/// positions, and its mask as extras. [`MediaRequest::prefill_input`] and `plugins verify` both
-/// build their prefill here.
+/// The prefill input of `ids` under `plugin`'s contract: the text embeddings scaled by the
+/// contract's text scale, then the contract as a [`Program`] (each placement's rows written
+/// over its tokens, each per-layer injection's rows at the same tokens for the decoder's
+/// DeepStack layers), the contract's positions, and its mask as extras. `features(item)`
+/// encodes one item once and returns every encoder output's rows. [`MediaRequest::prefill_input`]
+/// and `plugins verify` both build their prefill here.
 pub(crate) fn contract_input(
     decoder: &mut Decoder,
     ids: &[u32],
     contract: &PrefillContract,
     plugin: &str,
-    mut features: impl FnMut(&Placement) -> Result<Vec<f32>>,
+    mut features: impl FnMut(usize) -> Result<Vec<(String, Vec<f32>)>>,
 ) -> Result<(HostTensor, Positions, Extras)> {
-    if !contract.injections.is_empty() {
-        bail!("the {plugin} plugin asks for per-layer injections, which generate does not place yet");
-    }
     check_text_scale(contract.text_scale, decoder.embed_scale(), plugin)?;
-    let text = decoder.embed(ids).context("embedding the prompt")?;
-    let mut rows = Vec::new();
-    for placement in contract.placements.iter() {
-        rows.push(features(placement)?);
+    let raw = decoder.embed(ids).context("embedding the prompt")?;
+    if raw.dtype() != mlxcel_shim::DType::F32 {
+        bail!("the decoder embeds in {}; merging media features supports f32 embeddings only", raw.dtype());
     }
-    let embeddings = merge(&text, contract, &rows)?;
-    let extras = Extras { bidirectional: bidirectional(contract)?, injections: Vec::new() };
-    Ok((embeddings, positions(&contract.positions, ids.len())?, extras))
+    let text = Decoder::scale_embeddings(&raw, contract.text_scale)?;
+    let (n, hidden) = (ids.len(), decoder.config().hidden);
+    let mut encoded: BTreeMap<usize, Vec<(String, Vec<f32>)>> = BTreeMap::new();
+    let mut output = |item: usize, name: &str| -> Result<Vec<f32>> {
+        let outputs = match encoded.entry(item) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => e.insert(features(item)?),
+        };
+        let (_, rows) = outputs.iter().find(|(n, _)| n == name).with_context(|| {
+            format!("the contract places encoder output `{name}` of item {item}, which the encoder does not return")
+        })?;
+        Ok(rows.clone())
+    };
+    let mut program = Program::default();
+    for placement in contract.placements.iter() {
+        let start = placement.token_start as usize;
+        let tokens: Vec<usize> = (start..start + placement.rows as usize).collect();
+        let item = placement.item as usize;
+        for injection in contract.injections.iter() {
+            // Injected rows are added to the layer's output (the only mode there is); a new mode
+            // fails to compile here rather than being placed as this one.
+            match injection.mode {
+                InjectionMode::Add => {}
+            }
+            program.injections.push(Injection {
+                layer: injection.decoder_layer as usize,
+                tokens: tokens.clone(),
+                rows: output(item, injection.encoder_output.as_str())?,
+            });
+        }
+        let rows = output(item, placement.encoder_output.as_str())?;
+        program.placements.push(ProgramPlacement { mode: Mode::Replace, tokens, rows });
+    }
+    let merged = program
+        .apply(&text.to_vec::<f32>()?, n, hidden, decoder.config().deepstack_layers)
+        .with_context(|| format!("the {plugin} plugin's prefill contract"))?;
+    let embeddings = HostTensor::from_slice(vec![n, hidden], &merged.embeddings)?;
+    let injections = merged
+        .injections
+        .iter()
+        .map(|rows| HostTensor::from_slice(vec![n, hidden], rows))
+        .collect::<Result<Vec<_>, _>>()?;
+    let extras = Extras { bidirectional: bidirectional(contract)?, injections };
+    Ok((embeddings, positions(&contract.positions, n)?, extras))
 }
 
 /// `processor_config.json` (or `preprocessor_config.json`) of a checkpoint, empty when absent.
@@ -378,6 +417,27 @@ impl<'a> Encoders<'a> {
         item: &Preprocessed,
         output: Option<&str>,
     ) -> Result<Vec<f32>> {
+        let mut outputs = self.encode_all(plugin, config, modality, item)?;
+        let name = match output {
+            Some(name) => name.to_owned(),
+            None => outputs.first().map(|(n, _)| n.clone()).context("the encoder declares no outputs")?,
+        };
+        let at = outputs
+            .iter()
+            .position(|(n, _)| *n == name)
+            .with_context(|| format!("the contract places output `{name}`, which the graph does not have"))?;
+        Ok(outputs.swap_remove(at).1)
+    }
+
+    /// One item through the smallest bucket that holds it, once: every output's rows that
+    /// belong to the item, flattened, in the graph's output order.
+    pub(crate) fn encode_all(
+        &mut self,
+        plugin: &LoadedPlugin,
+        config: &ModelConfig,
+        modality: Modality,
+        item: &Preprocessed,
+    ) -> Result<Vec<(String, Vec<f32>)>> {
         let buckets = plugin.encoder_buckets(config, modality)?;
         let bucket = buckets
             .iter()
@@ -429,23 +489,25 @@ impl<'a> Encoders<'a> {
             .clone();
         let args: Vec<Arg<'_>> = inputs.iter().map(Arg::from).collect();
         let outputs = session.call(&function, &args)?;
-        let index = match output {
-            Some(name) => graph
-                .outputs
-                .iter()
-                .position(|o| o.name.as_str() == name)
-                .with_context(|| format!("the contract places output `{name}`, which the graph does not have"))?,
-            None => 0,
-        };
-        let host = outputs.get(index).context("the encoder returned fewer outputs than it declares")?.to_host()?;
-        let values: Vec<f32> = host.to_vec()?;
-        let shape = host.shape().to_vec();
-        let rows = item.grid.feature_tokens as usize;
-        let width: usize = shape.iter().skip(1).product();
-        if shape.first().copied().unwrap_or(0) < rows {
-            bail!("the encoder output has shape {shape:?}, fewer than the item's {rows} feature rows");
+        if outputs.len() < graph.outputs.len() {
+            bail!("the encoder returned {} outputs; its graph declares {}", outputs.len(), graph.outputs.len());
         }
-        Ok(values[..rows * width].to_vec())
+        let rows = item.grid.feature_tokens as usize;
+        let mut named = Vec::with_capacity(graph.outputs.len());
+        for (spec, output) in graph.outputs.iter().zip(&outputs) {
+            let host = output.to_host()?;
+            let values: Vec<f32> = host.to_vec()?;
+            let shape = host.shape().to_vec();
+            let width: usize = shape.iter().skip(1).product();
+            if shape.first().copied().unwrap_or(0) < rows {
+                bail!(
+                    "the encoder output `{}` has shape {shape:?}, fewer than the item's {rows} feature rows",
+                    spec.name
+                );
+            }
+            named.push((spec.name.to_string(), values[..rows * width].to_vec()));
+        }
+        Ok(named)
     }
 }
 
@@ -512,34 +574,6 @@ fn check_text_scale(text_scale: f32, decoder_scale: f32, plugin: &str) -> Result
         );
     }
     Ok(())
-}
-
-/// The raw text embeddings `[n, hidden]` scaled once by the contract's `text_scale` (as the
-/// decoder's token path scales them: [`Decoder::scale_embeddings`]), with each placement's feature
-/// rows (`features[i]` for placement `i`) written over its positions, unscaled.
-fn merge(text: &HostTensor, contract: &PrefillContract, features: &[Vec<f32>]) -> Result<HostTensor> {
-    if text.dtype() != mlxcel_shim::DType::F32 {
-        bail!("the decoder embeds in {}; merging image features supports f32 embeddings only", text.dtype());
-    }
-    let shape = text.shape().to_vec();
-    let [n, hidden] = shape[..] else { bail!("the text embeddings have shape {shape:?}, not [n, hidden]") };
-    let scaled = Decoder::scale_embeddings(text, contract.text_scale)?;
-    let mut values: Vec<f32> = scaled.to_vec()?;
-    for (placement, rows) in contract.placements.iter().zip(features) {
-        let (start, count) = (placement.token_start as usize, placement.rows as usize);
-        if start + count > n {
-            bail!("the contract places rows {start}..{} in a prompt of {n} tokens", start + count);
-        }
-        if rows.len() != count * hidden {
-            bail!(
-                "item {} has {} feature values; its placement needs {count} rows of {hidden}",
-                placement.item,
-                rows.len()
-            );
-        }
-        values[start * hidden..(start + count) * hidden].copy_from_slice(rows);
-    }
-    Ok(HostTensor::from_slice(vec![n, hidden], &values)?)
 }
 
 /// The contract's positions as the decoder takes them.

@@ -593,13 +593,12 @@ impl<'a> Kit<'a> {
             .as_mut()
             .map_err(|e| Stopped::Embeddings(format!("loading the decoder: {e}")))?;
         let (plugin, config, encoders) = (self.plugin, &self.config, &mut self.encoders);
-        let input = contract_input(decoder, &ids, contract, plugin.name(), |placement| {
-            let index = placement.item as usize;
+        let input = contract_input(decoder, &ids, contract, plugin.name(), |index| {
             let (item, media) = items
                 .get(index)
                 .zip(media.get(index))
                 .with_context(|| format!("the contract places item {index}, which the variant does not have"))?;
-            encoders.encode(plugin, config, media.modality, item, Some(placement.encoder_output.as_str()))
+            encoders.encode_all(plugin, config, media.modality, item)
         });
         let (embeddings, positions, extras) = input.map_err(|e| Stopped::Embeddings(format!("{e:#}")))?;
         let values: Vec<f32> = embeddings.to_vec().map_err(|e| Stopped::Embeddings(format!("{e:#}")))?;

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod graph;
+pub mod prefill;
 pub mod presets;
 pub mod weights;
 
