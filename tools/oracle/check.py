@@ -21,7 +21,8 @@ therefore compares:
   of their larger logit.
 
 Every difference is measured; the largest per fixture is printed, and any beyond its bound fails the
-check with the file, stage, difference and bound. Provenance must match except for the CPU it records.
+check with the file, stage, difference and bound. Provenance must match except for the CPU it records
+and the interpreter's patch release (the minor version, which the lock's wheels are built for, must).
 """
 
 from __future__ import annotations
@@ -237,6 +238,16 @@ class FixtureCheck:
         a, b = json.loads(old), json.loads(data)
         made_on = a.pop("cpu", None)
         b.pop("cpu", None)
+        # The interpreter's patch release is the machine's (Debian's 3.11.2, a pyenv 3.11.7), not
+        # the reference's: the lock pins every package, and its wheels are for one minor version,
+        # which must match.
+        py_a, py_b = (d.get("versions", {}).pop("python", None) for d in (a, b))
+        minor = lambda v: ".".join(str(v).split(".")[:2])  # noqa: E731
+        if minor(py_a) != minor(py_b):
+            self.failures.append(f"{self._rel(path)}: python {py_a} made the goldens, {py_b} checks them; "
+                                 f"the oracle's lock is for {minor(py_a)}")
+        elif made_on is not None:
+            made_on = {**made_on, "python": str(py_a)}
         for k in sorted(set(a) | set(b)):
             x, y = a.get(k), b.get(k)
             if x == y:
@@ -253,7 +264,7 @@ class FixtureCheck:
         for p in sorted(self.fixture.rglob("*")):
             if p.is_file() and p not in self.compared:
                 self.failures.append(f"{self._rel(p)}: committed, but the generator no longer produces it")
-        here = cpu()
+        here = {**cpu(), "python": platform.python_version()}
         w = self.largest
         print(f"  check {self.fixture.name}: {len(self.compared)} files, {self.floats} floats; largest float "
               f"difference {w.diff:.3e} at {w.where} ({w.ratio:.2f} of its bound)", flush=True)
@@ -268,4 +279,6 @@ def describe(c: dict[str, str] | None) -> str:
     if not c:
         return "an unrecorded CPU"
     parts = [c.get("model", "?"), c.get("family", ""), c.get("torch_cpu_capability", "")]
+    if c.get("python"):
+        parts.append(f"python {c['python']}")
     return ", ".join(p for p in parts if p)

@@ -98,6 +98,26 @@ class Bounds(unittest.TestCase):
         self.assertIn("g.json:ids[1]: 2 != 3", c.failures[0])
 
 
+class Provenance(unittest.TestCase):
+    def run_check(self, committed: dict, recomputed: dict) -> list[str]:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "fx").mkdir()
+            path = Path(tmp) / "fx" / "provenance.json"
+            path.write_text(json.dumps(committed))
+            c = check.FixtureCheck(Path(tmp) / "fx")
+            c.provenance(path, json.dumps(recomputed).encode())
+            return c.failures
+
+    def test_the_cpu_and_the_python_patch_release_may_differ_and_nothing_else(self) -> None:
+        made = {"cpu": {"model": "A"}, "seed": 1, "versions": {"python": "3.11.7", "torch": "2.15.0"}}
+        other_machine = {"cpu": {"model": "B"}, "seed": 1, "versions": {"python": "3.11.2", "torch": "2.15.0"}}
+        self.assertEqual(self.run_check(made, other_machine), [])
+        other_minor = {**other_machine, "versions": {"python": "3.12.1", "torch": "2.15.0"}}
+        self.assertIn("the oracle's lock is for 3.11", self.run_check(made, other_minor)[0])
+        other_torch = {**other_machine, "versions": {"python": "3.11.7", "torch": "2.16.0"}}
+        self.assertIn('versions differs: torch: "2.15.0" != "2.16.0"', self.run_check(made, other_torch)[0])
+
+
 class PerturbedWeight(unittest.TestCase):
     def test_the_check_fails_when_one_weight_moves(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
