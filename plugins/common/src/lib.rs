@@ -1,16 +1,19 @@
-//! Preprocessing shared by the family plugins, written once so every family resizes,
-//! rescales and patchifies with the same arithmetic as the reference processors.
+//! What the family plugins share, written once: preprocessing with the same arithmetic as the
+//! reference processors, and the encoder blocks their vision towers are built from.
 //!
 //! - [`image`]: decoded RGB images, PNG decoding, Pillow-exact resampling, rescale and
 //!   normalise (transformers' PIL backend);
 //! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify;
-//! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop.
+//! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop;
+//! - [`vit`]: the vision-tower blocks of the encoder graphs (weights by name, linears, layer
+//!   norms, the pre-norm SigLIP/CLIP encoder layer).
 
 #![forbid(unsafe_code)]
 
 pub mod clip;
 pub mod image;
 pub mod patches;
+pub mod vit;
 
 pub use clip::{ShortestEdgeError, center_crop, shortest_edge_size};
 pub use image::{Image, ImageError, Normalize, Resample, png_dimensions};

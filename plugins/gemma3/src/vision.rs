@@ -22,7 +22,8 @@
 
 use std::collections::HashMap;
 
-use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, RmsStyle, Type, Value};
+use mlxcel_emit::{Elem, Func, Module, NumericContract, RmsStyle, Type, Value};
+use mlxcel_family_common::vit::{Tower, pre_norm_layer_parameters};
 use mlxcel_plugin_api::{
     DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
 };
@@ -63,25 +64,7 @@ pub(crate) fn parameters(config: &Gemma3Config) -> Vec<(String, Vec<usize>)> {
         (t("embeddings.position_embedding.weight"), vec![v.patches(), e]),
     ];
     for i in 0..v.num_hidden_layers {
-        let n = |s: &str| format!("{TOWER}encoder.layers.{i}.{s}");
-        out.extend([
-            (n("layer_norm1.weight"), vec![e]),
-            (n("layer_norm1.bias"), vec![e]),
-            (n("self_attn.q_proj.weight"), vec![e, e]),
-            (n("self_attn.q_proj.bias"), vec![e]),
-            (n("self_attn.k_proj.weight"), vec![e, e]),
-            (n("self_attn.k_proj.bias"), vec![e]),
-            (n("self_attn.v_proj.weight"), vec![e, e]),
-            (n("self_attn.v_proj.bias"), vec![e]),
-            (n("self_attn.out_proj.weight"), vec![e, e]),
-            (n("self_attn.out_proj.bias"), vec![e]),
-            (n("layer_norm2.weight"), vec![e]),
-            (n("layer_norm2.bias"), vec![e]),
-            (n("mlp.fc1.weight"), vec![mlp, e]),
-            (n("mlp.fc1.bias"), vec![mlp]),
-            (n("mlp.fc2.weight"), vec![e, mlp]),
-            (n("mlp.fc2.bias"), vec![e]),
-        ]);
+        out.extend(pre_norm_layer_parameters(&format!("{TOWER}encoder.layers.{i}"), e, mlp));
     }
     out.extend([
         (t("post_layernorm.weight"), vec![e]),
@@ -120,31 +103,10 @@ pub(crate) fn graph(config: &Gemma3Config, request: &EncoderGraphRequest) -> Res
 struct Emitter<'a> {
     c: NumericContract,
     config: &'a Gemma3Config,
-    globals: HashMap<String, Global>,
+    tower: Tower<'a>,
 }
 
 impl Emitter<'_> {
-    fn w(&self, f: &mut Func, key: &str) -> Value {
-        let g = self.globals.get(key).expect("invariant: every parameter is declared");
-        f.load(g)
-    }
-
-    fn tower(&self, f: &mut Func, key: &str) -> Value {
-        self.w(f, &format!("{TOWER}{key}"))
-    }
-
-    fn linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.tower(f, &format!("{name}.weight"));
-        let b = self.tower(f, &format!("{name}.bias"));
-        self.c.linear(f, x, &w, Some(&b))
-    }
-
-    fn layer_norm(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.tower(f, &format!("{name}.weight"));
-        let b = self.tower(f, &format!("{name}.bias"));
-        self.c.layer_norm(f, x, &w, &b, self.config.vision.layer_norm_eps)
-    }
-
     /// `[1, C, S, S]` pixels to `[P*P, hidden]` patch embeddings plus position embeddings.
     fn embeddings(&self, f: &mut Func, pixels: &Value) -> Value {
         let v = &self.config.vision;
@@ -153,47 +115,12 @@ impl Emitter<'_> {
         // (c, py, y, px, x) -> (py, px, c, y, x): one row per patch, in the kernel's order.
         let x = f.transpose(&x, &[1, 3, 0, 2, 4]);
         let x = f.reshape(&x, &[side * side, v.patch_width()]);
-        let kernel = self.tower(f, "embeddings.patch_embedding.weight");
+        let kernel = self.tower.t(f, "embeddings.patch_embedding.weight");
         let kernel = f.reshape(&kernel, &[v.hidden_size, v.patch_width()]);
-        let bias = self.tower(f, "embeddings.patch_embedding.bias");
+        let bias = self.tower.t(f, "embeddings.patch_embedding.bias");
         let x = self.c.linear(f, &x, &kernel, Some(&bias));
-        let positions = self.tower(f, "embeddings.position_embedding.weight");
+        let positions = self.tower.t(f, "embeddings.position_embedding.weight");
         f.add(&x, &positions)
-    }
-
-    fn attention(&self, f: &mut Func, x: &Value, i: usize) -> Value {
-        let v = &self.config.vision;
-        let (n, e, heads, d) = (x.shape()[0], v.hidden_size, v.num_attention_heads, v.head_dim());
-        let name = |s: &str| format!("encoder.layers.{i}.self_attn.{s}");
-        let project = |f: &mut Func, s: &str| {
-            let y = self.linear(f, x, &name(s));
-            f.reshape(&y, &[n, heads, d])
-        };
-        let q = project(f, "q_proj");
-        let k = project(f, "k_proj");
-        let val = project(f, "v_proj");
-        // scores [heads, n, n] = q k^T, then scaled (torch: matmul(q, k^T) * scaling).
-        let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
-        let scale = f.splat(scores.ty(), (d as f64).powf(-0.5));
-        let scores = f.mul(&scores, &scale);
-        let probs = self.c.softmax(f, &scores);
-        // [heads, n, d] -> [n, heads * d]
-        let out = self.c.matmul(f, &probs, &val, (&[0], &[1]), (&[2], &[0]));
-        let out = f.transpose(&out, &[1, 0, 2]);
-        let out = f.reshape(&out, &[n, e]);
-        self.linear(f, &out, &name("out_proj"))
-    }
-
-    fn layer(&self, f: &mut Func, x: &Value, i: usize) -> Value {
-        let name = |s: &str| format!("encoder.layers.{i}.{s}");
-        let h = self.layer_norm(f, x, &name("layer_norm1"));
-        let h = self.attention(f, &h, i);
-        let x = self.c.residual(f, x, &h);
-        let h = self.layer_norm(f, &x, &name("layer_norm2"));
-        let h = self.linear(f, &h, &name("mlp.fc1"));
-        let h = self.c.gelu_tanh(f, &h);
-        let h = self.linear(f, &h, &name("mlp.fc2"));
-        self.c.residual(f, &x, &h)
     }
 
     /// `AvgPool2d(k, stride=k)` over the `P x P` grid of `x [P*P, hidden]`: `[T*T, hidden]`.
@@ -221,9 +148,9 @@ impl Emitter<'_> {
 
     fn projector(&self, f: &mut Func, x: &Value) -> Value {
         let pooled = self.avg_pool(f, x);
-        let norm = self.w(f, &format!("{PROJECTOR}mm_soft_emb_norm.weight"));
+        let norm = self.tower.w(f, &format!("{PROJECTOR}mm_soft_emb_norm.weight"));
         let normed = self.c.rms_norm(f, &pooled, &norm, self.config.vision.layer_norm_eps, RmsStyle::OnePlus);
-        let proj = self.w(f, &format!("{PROJECTOR}mm_input_projection_weight"));
+        let proj = self.tower.w(f, &format!("{PROJECTOR}mm_input_projection_weight"));
         self.c.matmul(f, &normed, &proj, (&[], &[]), (&[1], &[0]))
     }
 }
@@ -236,15 +163,18 @@ pub(crate) fn emit(config: &Gemma3Config) -> Result<String, mlxcel_emit::EmitErr
         let g = m.param(&key, Type::new(Elem::F32, &shape));
         globals.insert(key, g);
     }
-    let e = Emitter { c: NumericContract::f32(), config, globals };
+    let c = NumericContract::f32();
+    let tower = Tower { c, globals: &globals, prefix: TOWER, eps: config.vision.layer_norm_eps };
+    let e = Emitter { c, config, tower };
     let shape: Vec<usize> = input(config).shape.iter().map(|&d| d as usize).collect();
     let (mut func, a) = m.func("main", &[Type::new(Elem::F32, &shape)]);
     let f = &mut func;
     let mut x = e.embeddings(f, &a[0]);
+    let heads = config.vision.num_attention_heads;
     for i in 0..config.vision.num_hidden_layers {
-        x = e.layer(f, &x, i);
+        x = e.tower.pre_norm_layer(f, &x, &format!("encoder.layers.{i}"), heads, |f, h| c.gelu_tanh(f, h));
     }
-    let x = e.layer_norm(f, &x, "post_layernorm");
+    let x = e.tower.layer_norm(f, &x, "post_layernorm");
     let out = e.projector(f, &x);
     m.add_func(func, &[out]);
     m.finish()

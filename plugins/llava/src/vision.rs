@@ -15,7 +15,8 @@
 
 use std::collections::HashMap;
 
-use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Type, Value};
+use mlxcel_emit::{Elem, Func, Module, NumericContract, Type, Value};
+use mlxcel_family_common::vit::{Tower, pre_norm_layer_parameters};
 use mlxcel_plugin_api::{
     DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
 };
@@ -59,21 +60,7 @@ pub(crate) fn parameters(config: &LlavaConfig) -> Vec<(String, Vec<usize>)> {
         (t("pre_layrnorm.bias"), vec![e]),
     ];
     for i in 0..config.layers_needed() {
-        let n = |s: &str| t(&format!("encoder.layers.{i}.{s}"));
-        for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-            out.push((n(&format!("self_attn.{proj}.weight")), vec![e, e]));
-            out.push((n(&format!("self_attn.{proj}.bias")), vec![e]));
-        }
-        out.extend([
-            (n("layer_norm1.weight"), vec![e]),
-            (n("layer_norm1.bias"), vec![e]),
-            (n("layer_norm2.weight"), vec![e]),
-            (n("layer_norm2.bias"), vec![e]),
-            (n("mlp.fc1.weight"), vec![v.intermediate_size, e]),
-            (n("mlp.fc1.bias"), vec![v.intermediate_size]),
-            (n("mlp.fc2.weight"), vec![e, v.intermediate_size]),
-            (n("mlp.fc2.bias"), vec![e]),
-        ]);
+        out.extend(pre_norm_layer_parameters(&t(&format!("encoder.layers.{i}")), e, v.intermediate_size));
     }
     let (text, wide) = (config.text_hidden_size as usize, e * config.feature_layers.len());
     out.push((format!("{PROJECTOR}linear_1.weight"), vec![text, wide]));
@@ -116,32 +103,10 @@ pub(crate) fn graph(config: &LlavaConfig, request: &EncoderGraphRequest) -> Resu
 struct Emitter<'a> {
     c: NumericContract,
     config: &'a LlavaConfig,
-    globals: HashMap<String, Global>,
+    tower: Tower<'a>,
 }
 
 impl Emitter<'_> {
-    fn w(&self, f: &mut Func, key: &str) -> Value {
-        let g = self.globals.get(key).expect("invariant: every parameter is declared");
-        f.load(g)
-    }
-
-    /// A tower weight, by its name under the tower's prefix.
-    fn t(&self, f: &mut Func, key: &str) -> Value {
-        self.w(f, &format!("{}{key}", self.config.vision_prefix))
-    }
-
-    fn linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.t(f, &format!("{name}.weight"));
-        let b = self.t(f, &format!("{name}.bias"));
-        self.c.linear(f, x, &w, Some(&b))
-    }
-
-    fn layer_norm(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.t(f, &format!("{name}.weight"));
-        let b = self.t(f, &format!("{name}.bias"));
-        self.c.layer_norm(f, x, &w, &b, self.config.vision.layer_norm_eps)
-    }
-
     fn activation(&self, f: &mut Func, x: &Value, act: Act) -> Value {
         match act {
             Act::Gelu => self.c.gelu_erf(f, x),
@@ -159,46 +124,14 @@ impl Emitter<'_> {
         let x = f.reshape(pixels, &[c, g, p, g, p]);
         let x = f.transpose(&x, &[1, 3, 0, 2, 4]);
         let x = f.reshape(&x, &[g * g, c * p * p]);
-        let kernel = self.t(f, "embeddings.patch_embedding.weight");
+        let kernel = self.tower.t(f, "embeddings.patch_embedding.weight");
         let kernel = f.reshape(&kernel, &[v.hidden_size, c * p * p]);
         self.c.linear(f, &x, &kernel, None)
     }
 
-    fn attention(&self, f: &mut Func, x: &Value, i: usize) -> Value {
-        let v = &self.config.vision;
-        let (n, e, heads, d) = (x.shape()[0], v.hidden_size, v.num_heads, v.head_dim());
-        let name = |proj: &str| format!("encoder.layers.{i}.self_attn.{proj}");
-        let split = |f: &mut Func, y: &Value| f.reshape(y, &[n, heads, d]);
-        let q = self.linear(f, x, &name("q_proj"));
-        let k = self.linear(f, x, &name("k_proj"));
-        let val = self.linear(f, x, &name("v_proj"));
-        let (q, k, val) = (split(f, &q), split(f, &k), split(f, &val));
-        // scores [heads, n, n], scaled after the product as the reference does.
-        let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
-        let scale = f.splat(scores.ty(), (d as f64).powf(-0.5));
-        let scores = f.mul(&scores, &scale);
-        let probs = self.c.softmax(f, &scores);
-        // [heads, n, d] -> [n, heads * d]
-        let out = self.c.matmul(f, &probs, &val, (&[0], &[1]), (&[2], &[0]));
-        let out = f.transpose(&out, &[1, 0, 2]);
-        let out = f.reshape(&out, &[n, e]);
-        self.linear(f, &out, &name("out_proj"))
-    }
-
-    fn layer(&self, f: &mut Func, x: &Value, i: usize) -> Value {
-        let h = self.layer_norm(f, x, &format!("encoder.layers.{i}.layer_norm1"));
-        let attn = self.attention(f, &h, i);
-        let x = self.c.residual(f, x, &attn);
-        let h = self.layer_norm(f, &x, &format!("encoder.layers.{i}.layer_norm2"));
-        let h = self.linear(f, &h, &format!("encoder.layers.{i}.mlp.fc1"));
-        let h = self.activation(f, &h, self.config.vision.act);
-        let h = self.linear(f, &h, &format!("encoder.layers.{i}.mlp.fc2"));
-        self.c.residual(f, &x, &h)
-    }
-
     fn projector_linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.w(f, &format!("{PROJECTOR}{name}.weight"));
-        let b = self.config.projector_bias.then(|| self.w(f, &format!("{PROJECTOR}{name}.bias")));
+        let w = self.tower.w(f, &format!("{PROJECTOR}{name}.weight"));
+        let b = self.config.projector_bias.then(|| self.tower.w(f, &format!("{PROJECTOR}{name}.bias")));
         self.c.linear(f, x, &w, b.as_ref())
     }
 }
@@ -212,20 +145,23 @@ pub(crate) fn emit(config: &LlavaConfig) -> Result<String, mlxcel_emit::EmitErro
         let g = m.param(&key, Type::new(Elem::F32, &shape));
         globals.insert(key, g);
     }
-    let e = Emitter { c: NumericContract::f32(), config, globals };
+    let c = NumericContract::f32();
+    let tower = Tower { c, globals: &globals, prefix: &config.vision_prefix, eps: v.layer_norm_eps };
+    let e = Emitter { c, config, tower };
     let s = v.image_size;
     let (mut func, a) = m.func("main", &[Type::new(Elem::F32, &[1, 3, s, s])]);
     let f = &mut func;
 
     let patches = e.patch_embedding(f, &a[0]);
-    let class = e.t(f, "embeddings.class_embedding");
+    let class = e.tower.t(f, "embeddings.class_embedding");
     let class = f.reshape(&class, &[1, v.hidden_size]);
     let x = f.concat(&[class, patches], 0);
-    let positions = e.t(f, "embeddings.position_embedding.weight");
+    let positions = e.tower.t(f, "embeddings.position_embedding.weight");
     let x = f.add(&x, &positions);
-    let mut states = vec![e.layer_norm(f, &x, "pre_layrnorm")];
+    let mut states = vec![e.tower.layer_norm(f, &x, "pre_layrnorm")];
     for i in 0..config.layers_needed() {
-        let next = e.layer(f, &states[i], i);
+        let layer = format!("encoder.layers.{i}");
+        let next = e.tower.pre_norm_layer(f, &states[i], &layer, v.num_heads, |f, h| e.activation(f, h, v.act));
         states.push(next);
     }
     let rows = v.patches() + 1;

@@ -13,7 +13,8 @@
 //! Rows past an item's patches are the host's zero padding: their segment mark is 0, so they
 //! attend only to each other and the real rows never see them.
 
-use mlxcel_emit::{Compare, Elem, Func, Global, Module, NumericContract, Reduce, Type, Value};
+use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, Type, Value};
+use mlxcel_family_common::vit::Tower;
 use mlxcel_plugin_api::{
     DType, EncoderGraph, EncoderGraphRequest, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
 };
@@ -133,25 +134,20 @@ pub(crate) fn graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Re
 struct Emitter<'a> {
     c: NumericContract,
     config: &'a Qwen2VlConfig,
-    globals: std::collections::HashMap<String, Global>,
+    tower: Tower<'a>,
 }
 
 impl Emitter<'_> {
     fn w(&self, f: &mut Func, key: &str) -> Value {
-        let g = self.globals.get(&format!("{PREFIX}{key}")).expect("invariant: every parameter is declared");
-        f.load(g)
+        self.tower.t(f, key)
     }
 
     fn linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.w(f, &format!("{name}.weight"));
-        let b = self.w(f, &format!("{name}.bias"));
-        self.c.linear(f, x, &w, Some(&b))
+        self.tower.linear(f, x, name)
     }
 
     fn layer_norm(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.w(f, &format!("{name}.weight"));
-        let b = self.w(f, &format!("{name}.bias"));
-        self.c.layer_norm(f, x, &w, &b, LN_EPS)
+        self.tower.layer_norm(f, x, name)
     }
 
     /// cos and sin `[B, head_dim]`: per row, `pos_h * inv_freq` then `pos_w * inv_freq`,
@@ -271,7 +267,8 @@ pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_em
         let g = m.param(&key, Type::new(Elem::F32, &shape));
         globals.insert(key, g);
     }
-    let e = Emitter { c: NumericContract::f32(), config, globals };
+    let c = NumericContract::f32();
+    let e = Emitter { c, config, tower: Tower { c, globals: &globals, prefix: PREFIX, eps: LN_EPS } };
     let width = v.patch_width();
     let args = [Type::new(Elem::F32, &[n, width]), Type::new(Elem::I32, &[n, 2]), Type::new(Elem::I32, &[n])];
     let (mut func, a) = m.func("main", &args);
