@@ -1,7 +1,8 @@
 //! Compiles the IREE io-parameters runtime sources that eerie-sys 0.5.0 leaves
 //! out of its static library (parameter index, safetensors/gguf/irpa parsers,
 //! the `io_parameters` VM module), from eerie-sys's own vendored IREE tree so
-//! headers and ABI match the runtime we link.
+//! headers and ABI match the runtime we link, and the one C helper of our own
+//! (`csrc/parameter_alias.c`), compiled against those headers.
 
 use std::{
     env,
@@ -53,6 +54,9 @@ fn main() {
         }
         build.file(path);
     }
+    // Our own C: the one helper that copies an index entry under a second key.
+    println!("cargo:rerun-if-changed=csrc/parameter_alias.c");
+    build.file("csrc/parameter_alias.c");
     if let Err(e) = build.try_compile("mlxcel_iree_io") {
         fail(&format!(
             "compiling IREE's io-parameters sources failed ({e}); check that gcc is installed (Debian's build-essential)"

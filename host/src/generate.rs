@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use mlxcel_decoder::DecoderSpec;
 use mlxcel_host::{
     decoder::{BundleShape, Decoder, DecoderOptions, Logits},
     sampling::{History, Sampler, SamplingParams},
@@ -17,7 +18,7 @@ use mlxcel_plugin_api::QualificationPolicy;
 use mlxcel_shim::{CacheOutcome, CompileCache, Compiler, Device, Driver, Target};
 
 use crate::exec::DeviceArgs;
-use crate::multimodal::{Encoders, MediaRequest};
+use crate::multimodal::{Encoders, MediaModel, MediaRequest};
 use crate::plugins::PluginDir;
 
 /// What to generate from, and how.
@@ -161,12 +162,26 @@ fn run(args: &GenerateArgs) -> Result<()> {
     // Media first: the plugin, its capability gate and every image are checked before any
     // compile.
     let plugins;
-    let media = if args.images.is_empty() {
-        None
+    let (media, spec) = if args.images.is_empty() {
+        // A text prompt still takes the decoder the checkpoint's plugin declares, when a
+        // plugin directory is given and one accepts it.
+        let spec = match args.plugins.dir() {
+            None => None,
+            Some(_) => {
+                plugins = args.plugins.scan()?;
+                match MediaModel::open(&plugins.1, &plugins.0, dir) {
+                    Ok(model) => model.decoder_spec()?,
+                    Err(_) => None,
+                }
+            }
+        };
+        (None, spec)
     } else {
         plugins = args.plugins.scan()?;
         let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
-        Some(MediaRequest::open(&plugins.1, &plugins.0, dir, &args.images, policy)?)
+        let media = MediaRequest::open(&plugins.1, &plugins.0, dir, &args.images, policy)?;
+        let spec = media.decoder_spec()?;
+        (Some(media), spec)
     };
 
     let tokenizer = Tokenizer::load(dir)?;
@@ -207,7 +222,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     let stops = if args.ignore_eos { Vec::new() } else { stop_tokens(dir, &tokenizer)? };
 
     let started = Instant::now();
-    let mut decoder = load(args, driver)?;
+    let mut decoder = load(args, driver, spec)?;
     let load_s = started.elapsed().as_secs_f64();
     let cached = match decoder.cache_outcome() {
         CacheOutcome::Hit => "hit",
@@ -312,7 +327,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
 }
 
 /// Compiles (or fetches) and loads the one-slot bundle, with a spinner on a terminal.
-fn load(args: &GenerateArgs, driver: Driver) -> Result<Decoder> {
+fn load(args: &GenerateArgs, driver: Driver, spec: Option<DecoderSpec>) -> Result<Decoder> {
     let bar = if std::io::stderr().is_terminal() {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_message(format!("compiling and loading {}", args.model.display()));
@@ -328,6 +343,7 @@ fn load(args: &GenerateArgs, driver: Driver) -> Result<Decoder> {
         let options = DecoderOptions {
             shape: BundleShape { chunk: args.chunk, capacity: args.capacity, slots: 1 },
             target: Target::Cpu { cpu: args.device.target_cpu.clone() },
+            spec,
             ..DecoderOptions::default()
         };
         anyhow::Ok(Decoder::load(&args.model, options, &device, &compiler, &cache)?)

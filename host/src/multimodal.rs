@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use mlxcel_decoder::prefill::{Injection, Mode, Placement as ProgramPlacement, Program};
+use mlxcel_decoder::{DecoderSpec, resolve_names};
 use mlxcel_family_common::{Image, ImageError};
-use mlxcel_host::decoder::{Decoder, Extras, Positions};
+use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
 use mlxcel_plugin_api::{
     Capability, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
-    InjectionMode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PluginSet,
-    Positions as Laid, PrefillContract, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
+    ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PlaceMode, PluginSet,
+    Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
 };
 use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
 
@@ -60,6 +61,11 @@ impl<'a> MediaModel<'a> {
 
     pub(crate) fn plugin(&self) -> &'a LoadedPlugin {
         self.plugin
+    }
+
+    /// The text decoder spec the checkpoint's plugin brings, if any.
+    pub(crate) fn decoder_spec(&self) -> Result<Option<DecoderSpec>> {
+        decoder_spec(self.plugin, &self.config)
     }
 
     /// Checks that a request with `images` images may be served under `policy`: the capability
@@ -159,6 +165,12 @@ pub(crate) enum MediaRefusal {
     TooMany { images: usize, limit: u32, plugin: String },
 }
 
+/// The decoder spec `plugin` brings for the checkpoint `config` describes; `None` reads the
+/// preset for its text model type.
+pub(crate) fn decoder_spec(plugin: &LoadedPlugin, config: &ModelConfig) -> Result<Option<DecoderSpec>> {
+    plugin.decoder_spec(config).with_context(|| format!("the {} plugin's text decoder", plugin.name()))
+}
+
 /// The pixels an input image may declare before it is decoded (PIL's default
 /// `Image.MAX_IMAGE_PIXELS`): larger ones are refused as decompression bombs.
 pub(crate) const MAX_INPUT_PIXELS: u64 = 89_478_485;
@@ -172,6 +184,11 @@ pub(crate) struct MediaRequest<'a> {
 }
 
 impl<'a> MediaRequest<'a> {
+    /// The text decoder spec the checkpoint's plugin brings, if any.
+    pub(crate) fn decoder_spec(&self) -> Result<Option<DecoderSpec>> {
+        decoder_spec(self.plugin, &self.config)
+    }
+
     /// `generate --image`: opens the checkpoint's plugin, checks the request under `policy` and
     /// preprocesses every image file.
     pub(crate) fn open(
@@ -248,7 +265,7 @@ impl<'a> MediaRequest<'a> {
         encoders: &mut Encoders,
     ) -> Result<(HostTensor, Positions, Extras)> {
         let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
-        let contract = self.plugin.prefill_contract(&self.config, &request)?;
+        let contract = self.plugin.prefill_program(&self.config, &request)?;
         contract_input(decoder, ids, &contract, self.plugin.name(), |index| {
             let item = self
                 .items
@@ -261,14 +278,14 @@ impl<'a> MediaRequest<'a> {
 
 /// The prefill input of `ids` under `plugin`'s contract: the text embeddings scaled by the
 /// contract's text scale, then the contract as a [`Program`] (each placement's rows written
-/// over its tokens, each per-layer injection's rows at the same tokens for the decoder's
-/// DeepStack layers), the contract's positions, and its mask as extras. `features(item)`
+/// over, or added to, its tokens; each injection's rows at its tokens for the decoder's
+/// injected layers), the contract's positions, and its mask as extras. `features(item)`
 /// encodes one item once and returns every encoder output's rows. [`MediaRequest::prefill_input`]
 /// and `plugins verify` both build their prefill here.
 pub(crate) fn contract_input(
     decoder: &mut Decoder,
     ids: &[u32],
-    contract: &PrefillContract,
+    contract: &PrefillProgram,
     plugin: &str,
     mut features: impl FnMut(usize) -> Result<Vec<(String, Vec<f32>)>>,
 ) -> Result<(HostTensor, Positions, Extras)> {
@@ -292,26 +309,21 @@ pub(crate) fn contract_input(
     };
     let mut program = Program::default();
     for placement in contract.placements.iter() {
-        let start = placement.token_start as usize;
-        let tokens: Vec<usize> = (start..start + placement.rows as usize).collect();
-        let item = placement.item as usize;
-        for injection in contract.injections.iter() {
-            // Injected rows are added to the layer's output (the only mode there is); a new mode
-            // fails to compile here rather than being placed as this one.
-            match injection.mode {
-                InjectionMode::Add => {}
-            }
-            program.injections.push(Injection {
-                layer: injection.decoder_layer as usize,
-                tokens: tokens.clone(),
-                rows: output(item, injection.encoder_output.as_str())?,
-            });
-        }
-        let rows = output(item, placement.encoder_output.as_str())?;
-        program.placements.push(ProgramPlacement { mode: Mode::Replace, tokens, rows });
+        let tokens = placement.tokens.indices();
+        let rows = output(placement.item as usize, placement.encoder_output.as_str())?;
+        let mode = match placement.mode {
+            PlaceMode::Replace => Mode::Replace,
+            PlaceMode::Add => Mode::Add,
+        };
+        program.placements.push(ProgramPlacement { mode, rows, tokens });
+    }
+    for injection in contract.injections.iter() {
+        let tokens = injection.tokens.indices();
+        let rows = output(injection.item as usize, injection.encoder_output.as_str())?;
+        program.injections.push(Injection { layer: injection.decoder_layer as usize, rows, tokens });
     }
     let merged = program
-        .apply(&text.to_vec::<f32>()?, n, hidden, decoder.config().deepstack_layers)
+        .apply(&text.to_vec::<f32>()?, n, hidden, decoder.config().injected_layers)
         .with_context(|| format!("the {plugin} plugin's prefill contract"))?;
     let embeddings = HostTensor::from_slice(vec![n, hidden], &merged.embeddings)?;
     let injections = merged
@@ -392,7 +404,8 @@ pub(crate) struct Encoders<'a> {
     checkpoint: PathBuf,
     device_args: &'a DeviceArgs,
     device: Option<Device>,
-    parameters: HashMap<String, Parameters>,
+    /// Per parameter scope and alias set (one per encoder's weights).
+    parameters: HashMap<(String, BTreeMap<String, String>), Parameters>,
     sessions: HashMap<String, (EncoderGraph, Session)>,
 }
 
@@ -460,10 +473,18 @@ impl<'a> Encoders<'a> {
                 self.device = Some(Device::new(driver)?);
             }
             let device = self.device.as_ref().context("invariant: the device was just made")?;
-            let scope = graph.parameter_scope.to_string();
+            // The graph names its weights logically (`label/path`); the one resolver finds the
+            // checkpoint key of each, and IREE serves the tensor under that name.
+            let checkpoint = Checkpoint::open(&self.checkpoint)?;
+            let aliases =
+                resolve_names(&checkpoint_index(&checkpoint), graph.parameters.iter().map(|p| p.name.as_str()))
+                    .with_context(|| {
+                        format!("the {} encoder's weights in {}", plugin.name(), self.checkpoint.display())
+                    })?;
+            let scope = (graph.parameter_scope.to_string(), aliases);
             if !self.parameters.contains_key(&scope) {
-                let checkpoint = Checkpoint::open(&self.checkpoint)?;
-                self.parameters.insert(scope.clone(), Parameters::new(&scope, checkpoint)?);
+                let parameters = Parameters::with_aliases(&scope.0, checkpoint, scope.1.clone())?;
+                self.parameters.insert(scope.clone(), parameters);
             }
             let session = Session::new(device, self.parameters.get(&scope), &[&artifact])?;
             self.sessions.insert(key.clone(), (graph, session));
@@ -600,7 +621,7 @@ fn positions(laid: &Laid, n: usize) -> Result<Positions> {
 }
 
 /// The contract's mask as the decoder's extras: causal plus square bidirectional blocks.
-fn bidirectional(contract: &PrefillContract) -> Result<Vec<std::ops::Range<usize>>> {
+fn bidirectional(contract: &PrefillProgram) -> Result<Vec<std::ops::Range<usize>>> {
     match contract.mask.base {
         MaskBase::Causal => {}
     }

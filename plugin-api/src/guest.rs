@@ -8,16 +8,17 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{RResult, RStr, RVec};
+use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::abi::{PluginMod, PluginModRef, history};
 use crate::types::{
     CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, ErrorCode,
-    LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PrefillProgram,
+    PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
+use mlxcel_decoder::DecoderSpec;
 
 /// A parsed checkpoint config: the facts the host needs and the family's typed view.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,14 +61,34 @@ pub trait FamilyPlugin: 'static {
     /// The encoder for one bucket, as StableHLO with named checkpoint parameters.
     fn encoder_graph(config: &Self::Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError>;
 
-    /// How features merge into the text embeddings for one tokenized request.
-    fn prefill_contract(config: &Self::Config, request: &ContractRequest) -> Result<PrefillContract, PluginError>;
+    /// How features merge into the text embeddings for one tokenized request: the program
+    /// the host runs (placements that replace or add rows at any tokens, per-item injections,
+    /// positions, the mask).
+    fn prefill_program(config: &Self::Config, request: &ContractRequest) -> Result<PrefillProgram, PluginError>;
+
+    /// Every f32 weight the family's encoder graphs read: logical name (`label/path`, as the
+    /// graphs name them) and shape. The default is none; [`FamilyPlugin::check_checkpoint`]'s
+    /// default holds the checkpoint to these.
+    fn encoder_parameters(config: &Self::Config) -> Vec<(String, Vec<usize>)> {
+        let _ = config;
+        Vec::new()
+    }
 
     /// Checks that a checkpoint has the tensors the encoder reads (since 1.1). The default
-    /// reports no problems; families should override it.
+    /// resolves [`FamilyPlugin::encoder_parameters`] against the index and reports each
+    /// module not found, each tensor missing, misshapen or not f32.
     fn check_checkpoint(config: &Self::Config, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        let _ = (config, index);
-        Ok(CheckpointReport::default())
+        Ok(CheckpointReport::f32_parameters(index, Self::encoder_parameters(config)))
+    }
+
+    /// The family's text decoder when it is not one of `mlxcel_decoder`'s presets, or is one
+    /// with something the family's config decides (since 1.2): a spec built from the
+    /// library's blocks (start from a preset in [`crate::decoder::presets`] and change what
+    /// differs). The default, `None`, has the host read the preset for the checkpoint's text
+    /// `model_type`.
+    fn decoder_spec(config: &Self::Config) -> Result<Option<DecoderSpec>, PluginError> {
+        let _ = config;
+        Ok(None)
     }
 }
 
@@ -141,11 +162,24 @@ extern "C" fn encoder_graph<T: FamilyPlugin>(
     guard("encoder_graph", || T::encoder_graph(&family_config::<T>(config)?, request))
 }
 
+/// The 1.0 entry, from the program: only hosts that predate 1.2 would call it, and they do not
+/// load this plugin; the frozen tables of the testkit's older-minor fixtures do.
 extern "C" fn prefill_contract<T: FamilyPlugin>(
     config: &ModelConfig,
     request: &ContractRequest,
 ) -> RResult<PrefillContract, PluginError> {
-    guard("prefill_contract", || T::prefill_contract(&family_config::<T>(config)?, request))
+    guard("prefill_contract", || {
+        let program = T::prefill_program(&family_config::<T>(config)?, request)?;
+        PrefillContract::try_from(program)
+            .map_err(|e| PluginError::unsupported(format!("the contract needs plugin-api 1.2's program form: {e}")))
+    })
+}
+
+extern "C" fn prefill_program<T: FamilyPlugin>(
+    config: &ModelConfig,
+    request: &ContractRequest,
+) -> RResult<PrefillProgram, PluginError> {
+    guard("prefill_program", || T::prefill_program(&family_config::<T>(config)?, request))
 }
 
 extern "C" fn check_checkpoint<T: FamilyPlugin>(
@@ -155,9 +189,37 @@ extern "C" fn check_checkpoint<T: FamilyPlugin>(
     guard("check_checkpoint", || T::check_checkpoint(&family_config::<T>(config)?, index))
 }
 
+extern "C" fn decoder_spec<T: FamilyPlugin>(config: &ModelConfig) -> RResult<ROption<RString>, PluginError> {
+    guard("decoder_spec", || {
+        let spec = T::decoder_spec(&family_config::<T>(config)?)?;
+        // What the host will refuse is refused here, where the plugin's author sees it first.
+        if let Some(spec) = &spec {
+            spec.validate().map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
+        }
+        Ok(spec.map(|s| RString::from(s.to_json())).into())
+    })
+}
+
 /// The current root-module table for `T`; leaked once per library load.
 pub(crate) fn current_table<T: FamilyPlugin>() -> PluginModRef {
     PluginMod {
+        identity: identity::<T>,
+        parse_config: parse_config::<T>,
+        prompt_layout: prompt_layout::<T>,
+        preprocess: preprocess::<T>,
+        encoder_buckets: encoder_buckets::<T>,
+        encoder_graph: encoder_graph::<T>,
+        prefill_contract: prefill_contract::<T>,
+        check_checkpoint: check_checkpoint::<T>,
+        decoder_spec: decoder_spec::<T>,
+        prefill_program: prefill_program::<T>,
+    }
+    .leak_into_prefix()
+}
+
+/// The frozen 1.1 table for `T` (testkit only: what a 1.1 plugin exported).
+pub(crate) fn v1_1_table<T: FamilyPlugin>() -> history::v1_1::PluginModRef {
+    history::v1_1::PluginMod {
         identity: identity::<T>,
         parse_config: parse_config::<T>,
         prompt_layout: prompt_layout::<T>,
@@ -195,8 +257,8 @@ pub(crate) fn v1_0_table<T: FamilyPlugin>() -> history::v1_0::PluginModRef {
 /// `#![forbid(unsafe_code)]`.
 ///
 /// Two further forms exist only for the testkit's load matrix and reproduce plugins built
-/// against other plugin-api versions: `export_plugin!(T, api = v1_0)` exports the frozen 1.0
-/// table, and `export_plugin!(T, declare_version = (MAJOR, MINOR))` declares an arbitrary
+/// against other plugin-api versions: `export_plugin!(T, api = v1_0)` and `(T, api = v1_1)`
+/// export the frozen 1.0 and 1.1 tables, and `export_plugin!(T, declare_version = (MAJOR, MINOR))` declares an arbitrary
 /// version while exporting the current table.
 #[macro_export]
 macro_rules! export_plugin {
@@ -217,6 +279,13 @@ macro_rules! export_plugin {
             @emit $plugin,
             $crate::__export::VersionSymbol::new($crate::ApiVersion::new(1, 0)),
             $crate::__export::lib_header_v1_0::<$plugin>()
+        );
+    };
+    ($plugin:ty, api = v1_1) => {
+        $crate::export_plugin!(
+            @emit $plugin,
+            $crate::__export::VersionSymbol::new($crate::ApiVersion::new(1, 1)),
+            $crate::__export::lib_header_v1_1::<$plugin>()
         );
     };
     ($plugin:ty, declare_version = ($major:literal, $minor:literal)) => {

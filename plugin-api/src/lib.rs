@@ -4,7 +4,8 @@
 //! [`export_plugin!`] once. The host finds plugins through their manifests ([`Manifest`]),
 //! loads them with [`scan`] or [`load_plugin`], and calls them through [`LoadedPlugin`]. The
 //! interface is data in, data out: no entry calls back into the host, so every answer can be
-//! inspected, hashed and compared with a golden.
+//! inspected, hashed and compared with a golden. A family whose language model is not one of
+//! the decoder library's presets declares its own ([`FamilyPlugin::decoder_spec`], since 1.2).
 //!
 //! **API Boundary:** every public type here is part of the plugin ABI or the manifest schema.
 //! Changing one is an "API expansion" change; see `version` for the rules.
@@ -27,6 +28,9 @@ pub mod types;
 mod version;
 
 pub use abi_stable::std_types::{ROption, RString, RVec};
+/// The text decoder library: a family that brings its own decoder builds its
+/// [`decoder::DecoderSpec`] from these blocks ([`FamilyPlugin::decoder_spec`]).
+pub use mlxcel_decoder as decoder;
 
 pub use crate::abi::{VERSION_SYMBOL_NAME, VersionSymbol};
 pub use crate::error::{ALLOW_UNQUALIFIED_FLAG, Error, Result};
@@ -40,6 +44,6 @@ pub use crate::version::{API_VERSION, ApiVersion, ParseApiVersionError, SUPPORTE
 /// Items `export_plugin!` expands to; not part of the API.
 #[doc(hidden)]
 pub mod __export {
-    pub use crate::abi::{CURRENT_VERSION_SYMBOL, VersionSymbol, lib_header, lib_header_v1_0};
+    pub use crate::abi::{CURRENT_VERSION_SYMBOL, VersionSymbol, lib_header, lib_header_v1_0, lib_header_v1_1};
     pub use abi_stable::library::LibHeader;
 }

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::manifest::{Manifest, Status};
 use crate::types::{
     Capability, CheckpointIndex, CheckpointReport, ContractRequest, EncoderGraph, EncoderGraphRequest, LayoutRequest,
-    MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PreprocessOptions, Preprocessed,
+    MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
     PromptLayout, ShapeBucket,
 };
 use crate::version::{API_VERSION, ApiVersion, SUPPORTED_VERSIONS};
@@ -412,9 +412,17 @@ impl LoadedPlugin {
         call(self.name(), "encoder_graph", (self.module.encoder_graph())(config, request))
     }
 
-    /// The prepared-prefill contract for one tokenized request.
-    pub fn prefill_contract(&self, config: &ModelConfig, request: &ContractRequest) -> Result<PrefillContract> {
-        call(self.name(), "prefill_contract", (self.module.prefill_contract())(config, request))
+    /// The prepared-prefill program for one tokenized request: the plugin's own (1.2 and
+    /// later), or its 1.0 contract converted.
+    pub fn prefill_program(&self, config: &ModelConfig, request: &ContractRequest) -> Result<PrefillProgram> {
+        match self.module.prefill_program() {
+            Some(f) => call(self.name(), "prefill_program", f(config, request)),
+            None => {
+                let contract =
+                    call(self.name(), "prefill_contract", (self.module.prefill_contract())(config, request))?;
+                Ok(contract.into())
+            }
+        }
     }
 
     /// Checks a checkpoint's tensor index; `Ok(None)` when the plugin predates plugin-api 1.1
@@ -424,6 +432,19 @@ impl LoadedPlugin {
             Some(f) => call(self.name(), "check_checkpoint", f(config, index)).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// The family's own text decoder spec; `Ok(None)` when it brings none (it predates
+    /// plugin-api 1.2, or its language model is a preset). A spec the decoder library cannot
+    /// read (another schema, an unknown field) is the plugin's error, naming the entry.
+    pub fn decoder_spec(&self, config: &ModelConfig) -> Result<Option<mlxcel_decoder::DecoderSpec>> {
+        let Some(f) = self.module.decoder_spec() else { return Ok(None) };
+        let Some(json) = call(self.name(), "decoder_spec", f(config))?.into_option() else { return Ok(None) };
+        mlxcel_decoder::DecoderSpec::from_json(json.as_str()).map(Some).map_err(|e| Error::Plugin {
+            plugin: self.name().to_owned(),
+            entry: "decoder_spec",
+            error: PluginError::new(crate::ErrorCode::Internal, e.to_string()),
+        })
     }
 }
 

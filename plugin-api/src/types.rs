@@ -162,6 +162,30 @@ pub struct PluginIdentity {
     pub references: RVec<RString>,
 }
 
+impl PluginIdentity {
+    /// An identity from plain strings, in the fields' order.
+    pub fn new(
+        name: &str,
+        version: &str,
+        architectures: &[&str],
+        model_types: &[&str],
+        modalities: &[Modality],
+        capabilities: &[Capability],
+        references: &[&str],
+    ) -> Self {
+        let strings = |s: &[&str]| s.iter().map(|&x| RString::from(x)).collect();
+        PluginIdentity {
+            name: name.into(),
+            version: version.into(),
+            architectures: strings(architectures),
+            model_types: strings(model_types),
+            modalities: modalities.iter().copied().collect(),
+            capabilities: capabilities.iter().copied().collect(),
+            references: strings(references),
+        }
+    }
+}
+
 // === Config ===
 
 /// A special token the host needs to know by id (image pad, boi/eoi, audio markers).
@@ -188,6 +212,25 @@ pub struct ConfigSummary {
     pub text_hidden_size: u32,
     /// Token ids of the family's special tokens.
     pub special_tokens: RVec<SpecialToken>,
+}
+
+impl ConfigSummary {
+    /// A summary from plain values; `special_tokens` as `(role, id)`.
+    pub fn new(
+        model_type: &str,
+        architecture: &str,
+        modalities: &[Modality],
+        text_hidden_size: u32,
+        special_tokens: &[(&str, u32)],
+    ) -> Self {
+        ConfigSummary {
+            model_type: model_type.into(),
+            architecture: architecture.into(),
+            modalities: modalities.iter().copied().collect(),
+            text_hidden_size,
+            special_tokens: special_tokens.iter().map(|&(role, id)| SpecialToken { role: role.into(), id }).collect(),
+        }
+    }
 }
 
 /// The family's typed view of a checkpoint config, as data.
@@ -681,6 +724,208 @@ pub struct PrefillContract {
     pub injections: RVec<LayerInjection>,
 }
 
+// === The contract as a program (1.2) ===
+
+/// Which tokens a placement covers.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TokenSet {
+    /// `len` consecutive tokens from `start`.
+    Span {
+        /// The first token.
+        start: u32,
+        /// How many.
+        len: u32,
+    },
+    /// These tokens, in row order (need not be consecutive).
+    List {
+        /// Token indices, one per row.
+        indices: RVec<u32>,
+    },
+}
+
+impl TokenSet {
+    /// The token indices, in row order.
+    pub fn indices(&self) -> Vec<usize> {
+        match self {
+            TokenSet::Span { start, len } => (*start as usize..(*start + *len) as usize).collect(),
+            TokenSet::List { indices } => indices.iter().map(|&i| i as usize).collect(),
+        }
+    }
+}
+
+/// How a placement's rows combine with the text embeddings at its tokens.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PlaceMode {
+    /// The rows replace the token embeddings.
+    Replace,
+    /// The rows are added to the (scaled) token embeddings.
+    Add,
+}
+
+/// Where one item's encoder rows go (1.2): replaced or added, at any tokens.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProgramPlacement {
+    /// Index of the item in the request.
+    pub item: u32,
+    /// Which encoder output supplies the rows (its first `tokens` rows, in order).
+    pub encoder_output: RString,
+    /// How they combine.
+    pub mode: PlaceMode,
+    /// The tokens receiving a row each.
+    pub tokens: TokenSet,
+}
+
+impl ProgramPlacement {
+    /// `rows` rows of `encoder_output` replacing the tokens from `start`: the common case.
+    pub fn replace_span(item: u32, encoder_output: &str, start: u32, rows: u32) -> Self {
+        ProgramPlacement {
+            item,
+            encoder_output: encoder_output.into(),
+            mode: PlaceMode::Replace,
+            tokens: TokenSet::Span { start, len: rows },
+        }
+    }
+
+    /// `(start, len)` when the placement covers a span of tokens.
+    pub fn span(&self) -> Option<(u32, u32)> {
+        match self.tokens {
+            TokenSet::Span { start, len } => Some((start, len)),
+            TokenSet::List { .. } => None,
+        }
+    }
+}
+
+/// Rows of one item added to a decoder layer's output at its tokens (1.2).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProgramInjection {
+    /// Index of the item in the request.
+    pub item: u32,
+    /// The decoder layer whose output receives the rows.
+    pub decoder_layer: u32,
+    /// The encoder output that supplies them.
+    pub encoder_output: RString,
+    /// The tokens receiving a row each.
+    pub tokens: TokenSet,
+}
+
+/// The prepared-prefill contract as a program (1.2): [`PrefillContract`] with placements that
+/// replace or add rows at any tokens and per-item injections. The host runs this form; a
+/// plugin that answers only `prefill_contract` has it converted (every placement a replacing
+/// span, each injection at its item's placement).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq)]
+pub struct PrefillProgram {
+    /// Factor applied once to text-token embeddings before features are placed; `1.0` for none.
+    pub text_scale: f32,
+    /// Where each item's rows go.
+    pub placements: RVec<ProgramPlacement>,
+    /// Per-layer injections, empty for most families.
+    pub injections: RVec<ProgramInjection>,
+    /// Position ids.
+    pub positions: Positions,
+    /// The additive attention mask.
+    pub mask: AttentionMask,
+}
+
+impl From<PrefillContract> for PrefillProgram {
+    fn from(contract: PrefillContract) -> Self {
+        let span = |p: &Placement| TokenSet::Span { start: p.token_start, len: p.rows };
+        let injections = contract
+            .placements
+            .iter()
+            .flat_map(|p| {
+                contract.injections.iter().map(move |inj| {
+                    // The 1.0 contract's only mode; a new one must be converted explicitly.
+                    let InjectionMode::Add = inj.mode;
+                    ProgramInjection {
+                        item: p.item,
+                        decoder_layer: inj.decoder_layer,
+                        encoder_output: inj.encoder_output.clone(),
+                        tokens: span(p),
+                    }
+                })
+            })
+            .collect();
+        let placements = contract
+            .placements
+            .iter()
+            .map(|p| ProgramPlacement {
+                item: p.item,
+                encoder_output: p.encoder_output.clone(),
+                mode: PlaceMode::Replace,
+                tokens: span(p),
+            })
+            .collect();
+        PrefillProgram {
+            text_scale: contract.text_scale,
+            placements,
+            injections,
+            positions: contract.positions,
+            mask: contract.mask,
+        }
+    }
+}
+
+impl TryFrom<PrefillProgram> for PrefillContract {
+    type Error = String;
+
+    /// The 1.0 form of a program, for the 1.0 and 1.1 entries: possible when every placement
+    /// replaces a span and every injection rides on its item's placement, for every item.
+    fn try_from(program: PrefillProgram) -> Result<Self, String> {
+        let mut placements = Vec::new();
+        for p in program.placements.iter() {
+            let (PlaceMode::Replace, TokenSet::Span { start, len }) = (p.mode, &p.tokens) else {
+                return Err(format!("placement of item {} adds rows or places them at a token list", p.item));
+            };
+            placements.push(Placement {
+                item: p.item,
+                encoder_output: p.encoder_output.clone(),
+                token_start: *start,
+                rows: *len,
+            });
+        }
+        let mut kinds: Vec<(u32, RString)> = Vec::new();
+        for inj in program.injections.iter() {
+            let kind = (inj.decoder_layer, inj.encoder_output.clone());
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        for p in program.placements.iter() {
+            for (layer, output) in &kinds {
+                let at = |i: &&ProgramInjection| {
+                    i.item == p.item && i.decoder_layer == *layer && i.encoder_output == *output && i.tokens == p.tokens
+                };
+                if program.injections.iter().filter(at).count() != 1 {
+                    return Err(format!("the injections of item {} are not its placement's tokens", p.item));
+                }
+            }
+        }
+        if program.injections.len() != kinds.len() * program.placements.len() {
+            return Err("an injection has no placement of its item".to_owned());
+        }
+        let injections = kinds
+            .into_iter()
+            .map(|(decoder_layer, encoder_output)| LayerInjection {
+                decoder_layer,
+                encoder_output,
+                mode: InjectionMode::Add,
+            })
+            .collect();
+        Ok(PrefillContract {
+            text_scale: program.text_scale,
+            placements: placements.into(),
+            positions: program.positions,
+            mask: program.mask,
+            injections,
+        })
+    }
+}
+
 // === Checkpoint check (1.1) ===
 
 /// Input of `check_checkpoint` (since 1.1): the checkpoint's tensor index.
@@ -700,19 +945,30 @@ pub struct CheckpointReport {
 }
 
 impl CheckpointReport {
-    /// The problems of an encoder graph's f32 `parameters` (name, shape) against `index`: each
-    /// one missing (described by `missing`, which may point at a likely cause), of another shape,
-    /// or not f32.
-    pub fn f32_parameters(
-        index: &CheckpointIndex,
-        parameters: impl IntoIterator<Item = (String, Vec<usize>)>,
-        missing: impl Fn(&str) -> String,
-    ) -> Self {
+    /// The problems of an encoder graph's f32 `parameters` (logical name, shape) against
+    /// `index`: the names are resolved to checkpoint keys by the one resolver
+    /// (`mlxcel_decoder::resolve_names`: each `label/path` module found under the one root
+    /// that holds all of it), then each key is held to its shape and to f32.
+    pub fn f32_parameters(index: &CheckpointIndex, parameters: impl IntoIterator<Item = (String, Vec<usize>)>) -> Self {
+        let parameters: Vec<(String, Vec<usize>)> = parameters.into_iter().collect();
+        let tensors: mlxcel_decoder::Index = index
+            .tensors
+            .iter()
+            .map(|t| {
+                let shape = t.shape.iter().map(|&d| d as usize).collect();
+                (t.name.to_string(), mlxcel_decoder::TensorInfo { dtype: t.dtype.as_str().to_owned(), shape })
+            })
+            .collect();
+        let keys = match mlxcel_decoder::resolve_names(&tensors, parameters.iter().map(|(name, _)| name.as_str())) {
+            Ok(keys) => keys,
+            Err(e) => return CheckpointReport { problems: RVec::from(vec![RString::from(e.to_string())]) },
+        };
         let mut problems = Vec::new();
-        for (key, shape) in parameters {
+        for (name, shape) in &parameters {
+            let key = keys.get(name).unwrap_or(name);
             let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
             match index.tensors.iter().find(|t| t.name.as_str() == key) {
-                None => problems.push(missing(&key)),
+                None => problems.push(format!("the checkpoint has no `{key}`")),
                 Some(t) if t.shape.as_slice() != want.as_slice() => {
                     problems.push(format!("`{key}` has shape {:?}, the config needs {want:?}", t.shape.as_slice()))
                 }

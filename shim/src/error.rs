@@ -47,6 +47,9 @@ pub enum Error {
     #[error("the module reads parameter {key:?}, which is not in the checkpoint ({files})")]
     ParameterMissing { key: String, files: String },
 
+    #[error("the alias {alias:?} for {key:?} is already a key of another checkpoint tensor")]
+    ParameterAlias { alias: String, key: String },
+
     #[error("the module reads parameter scope {scope:?}, but only {provided:?} is provided")]
     ParameterScope { scope: String, provided: String },
 

@@ -39,6 +39,12 @@ unsafe extern "C" {
         out_provider: *mut *mut ParameterProvider,
     ) -> sys::iree_status_t;
     pub(crate) fn iree_io_parameter_provider_release(provider: *mut ParameterProvider);
+    /// `csrc/parameter_alias.c`: adds `alias` for the entry `key` names.
+    pub(crate) fn mlxcel_parameter_index_alias(
+        index: *mut ParameterIndex,
+        key: sys::iree_string_view_t,
+        alias: sys::iree_string_view_t,
+    ) -> sys::iree_status_t;
     pub(crate) fn iree_io_parameters_module_create(
         instance: *mut sys::iree_vm_instance_t,
         provider_count: usize,

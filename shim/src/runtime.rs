@@ -6,6 +6,7 @@
 //!
 //! None of these types is `Send`: IREE handles are used from one thread.
 
+use std::collections::BTreeMap;
 use std::{fmt, ptr::null_mut, rc::Rc};
 
 use crate::{
@@ -364,11 +365,14 @@ impl DeviceTensor {
 }
 
 /// Weights served to modules by name: an IREE parameter index over a
-/// checkpoint's safetensors files, under one scope (`model` by convention).
+/// checkpoint's safetensors files, under one scope (`model` by convention),
+/// each tensor by its key and by any alias given (a graph's logical name for it).
 pub struct Parameters {
     provider: *mut ffi::ParameterProvider,
     scope: String,
     checkpoint: Checkpoint,
+    /// Alias to checkpoint key.
+    aliases: BTreeMap<String, String>,
 }
 
 impl fmt::Debug for Parameters {
@@ -392,13 +396,35 @@ impl Parameters {
     /// Indexes the (already validated) checkpoint's files (see
     /// `index_files`: aligned files are mapped and served without a copy).
     pub fn new(scope: &str, checkpoint: Checkpoint) -> Result<Self> {
+        Self::with_aliases(scope, checkpoint, BTreeMap::new())
+    }
+
+    /// As [`Parameters::new`], each `alias -> key` pair also serving the checkpoint tensor
+    /// `key` as `alias` (the same bytes, not a copy). Every key must be in the checkpoint,
+    /// and no alias may be a key of another tensor.
+    pub fn with_aliases(scope: &str, checkpoint: Checkpoint, aliases: BTreeMap<String, String>) -> Result<Self> {
+        for (alias, key) in &aliases {
+            if checkpoint.get(key).is_none() {
+                return Err(Error::ParameterMissing { key: key.clone(), files: checkpoint.describe_files() });
+            }
+            if alias != key && checkpoint.get(alias).is_some() {
+                return Err(Error::ParameterAlias { alias: alias.clone(), key: key.clone() });
+            }
+        }
         let a = ffi::allocator();
         let mut index = null_mut();
         // SAFETY: the index is released on every path after the provider
         // (which retains it) is created or creation fails.
         unsafe {
             check(ffi::iree_io_parameter_index_create(a, &mut index), "creating a parameter index")?;
-            let indexed = index_files(index, &checkpoint);
+            let indexed = index_files(index, &checkpoint).and_then(|()| {
+                aliases.iter().filter(|(alias, key)| alias != key).try_for_each(|(alias, key)| {
+                    check(
+                        ffi::mlxcel_parameter_index_alias(index, string_view(key), string_view(alias)),
+                        "adding a parameter alias",
+                    )
+                })
+            });
             let mut provider = null_mut();
             let created = indexed.and_then(|()| {
                 check(
@@ -408,7 +434,7 @@ impl Parameters {
             });
             ffi::iree_io_parameter_index_release(index);
             created?;
-            Ok(Parameters { provider, scope: scope.to_owned(), checkpoint })
+            Ok(Parameters { provider, scope: scope.to_owned(), checkpoint, aliases })
         }
     }
 
@@ -427,7 +453,8 @@ impl Parameters {
             if decl.scope != self.scope {
                 return Err(Error::ParameterScope { scope: decl.scope.clone(), provided: self.scope.clone() });
             }
-            let entry = self.checkpoint.get(&decl.key).ok_or_else(|| Error::ParameterMissing {
+            let key = self.aliases.get(&decl.key).unwrap_or(&decl.key);
+            let entry = self.checkpoint.get(key).ok_or_else(|| Error::ParameterMissing {
                 key: decl.key.clone(),
                 files: self.checkpoint.describe_files(),
             })?;

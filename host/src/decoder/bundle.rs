@@ -11,7 +11,7 @@ use mlxcel_shim::{
 };
 
 use mlxcel_decoder::{
-    DecoderWeights, GraphError, Index, TensorInfo, WeightsError,
+    DecoderSpec, DecoderWeights, GraphError, Index, KvLayout, TensorInfo, WeightsError,
     config::{ConfigError, TextConfig},
     graph::{self, BundleShape},
 };
@@ -24,6 +24,9 @@ pub struct DecoderOptions {
     /// the f32 contract (the parity reference), bf16 weights the bf16 one.
     pub contract: Option<NumericContract>,
     pub target: Target,
+    /// The decoder's spec when the checkpoint's family plugin brings one; `None` reads the
+    /// preset for the config's text `model_type`.
+    pub spec: Option<DecoderSpec>,
 }
 
 impl Default for DecoderOptions {
@@ -32,6 +35,7 @@ impl Default for DecoderOptions {
             shape: BundleShape { chunk: 32, capacity: 256, slots: 4 },
             contract: None,
             target: Target::host_cpu(),
+            spec: None,
         }
     }
 }
@@ -89,7 +93,8 @@ pub struct Decoder {
 /// bundle built for something else.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Fingerprint {
-    pub arch: String,
+    /// The decoder spec, as JSON: a plugin's spec and a preset of the same name differ here.
+    pub spec: String,
     /// sha256 over the checkpoint's safetensors headers (names, dtypes,
     /// shapes, offsets) and file sizes: cheap, and it changes when the files do.
     pub weights: String,
@@ -115,12 +120,6 @@ impl Fingerprint {
     }
 }
 
-/// Bump when an export's arguments or results change (v2: `embed` returns the table's rows
-/// unscaled; the token paths still scale them).
-const ABI_SCHEMA: &str = "decoder-abi-v3: embed(tokens)->raw-rows prefill_tokens(tokens,pos,masks,slot,start)->hidden \
-prefill_embeddings(x,pos,masks,slot,start[,injections])->hidden logits(hidden) logits_at(hidden,row) \
-decode(tokens,pos,write,masks) kv_slot(slot)";
-
 /// sha256 over the checkpoint's tensor table and file sizes.
 fn weights_identity(ckpt: &Checkpoint) -> String {
     use sha2::Digest;
@@ -145,14 +144,14 @@ impl Decoder {
         compiler: &Compiler,
         cache: &CompileCache,
     ) -> Result<Self, DecoderError> {
-        let config = TextConfig::load(dir)?;
+        let config = TextConfig::load(dir, options.spec.as_ref())?;
         let shape = options.shape;
         if shape.chunk == 0 || shape.capacity == 0 || !shape.capacity.is_multiple_of(shape.chunk) || shape.slots == 0 {
             return Err(DecoderError::BadShape { capacity: shape.capacity, chunk: shape.chunk });
         }
         let checkpoint = Checkpoint::open(dir)?;
-        let index = index(&checkpoint);
-        let names = DecoderWeights::resolve(&index, config.tied_embeddings)?;
+        let index = checkpoint_index(&checkpoint);
+        let names = DecoderWeights::resolve(&index, &config)?;
         let contract = match options.contract {
             Some(c) => c,
             None => contract_for(&checkpoint, &names)?,
@@ -165,29 +164,21 @@ impl Decoder {
         })?;
         // For inspecting what the compiler is given.
         if let Some(dir) = std::env::var_os("MLXCEL_DUMP_MLIR") {
-            let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.preset.name));
+            let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.spec.name));
             if let Err(e) = std::fs::write(&path, &mlir) {
                 tracing::warn!(path = %path.display(), error = %e, "could not dump the decoder MLIR");
             }
         }
         let fingerprint = Fingerprint {
-            arch: config.preset.name.to_owned(),
+            spec: config.spec.to_json(),
             weights: weights_identity(&checkpoint),
             dtype: weights.to_string(),
             capacity: shape.capacity,
             chunk: shape.chunk,
             slots: shape.slots,
             hidden: config.hidden,
-            kv_layout: format!(
-                "[layers={}, k|v, slots={}, rows={}, kv_heads={}, head_dim={}] {}",
-                config.layers,
-                shape.slots,
-                shape.rows(),
-                config.kv_heads,
-                config.head_dim,
-                contract.activations
-            ),
-            abi: ABI_SCHEMA.to_owned(),
+            kv_layout: KvLayout::of(&config, contract.activations).describe(shape),
+            abi: graph::abi_schema(),
             numeric_contract: contract.fingerprint(),
             compiler: compiler.revision().to_owned(),
             target: options.target.fingerprint(),
@@ -198,8 +189,11 @@ impl Decoder {
         let (artifact, outcome) = cache.get_or_compile(compiler, &request)?;
         let params = Parameters::new("model", checkpoint)?;
         let session = Session::new(device, Some(&params), &[&artifact])?;
-        let missing: Vec<&str> =
-            EXPORTS.iter().copied().filter(|name| session.function(&format!("decoder.{name}")).is_err()).collect();
+        let missing: Vec<&str> = graph::EXPORTS
+            .iter()
+            .map(|e| e.name)
+            .filter(|name| session.function(&format!("decoder.{name}")).is_err())
+            .collect();
         if !missing.is_empty() {
             return Err(DecoderError::MissingExports(missing.join(", ")));
         }
@@ -226,6 +220,11 @@ impl Decoder {
 
     pub fn config(&self) -> &TextConfig {
         &self.config
+    }
+
+    /// The KV cache the bundle keeps.
+    pub fn kv_layout(&self) -> KvLayout {
+        KvLayout::of(&self.config, self.contract().activations)
     }
 
     pub fn shape(&self) -> BundleShape {
@@ -275,7 +274,7 @@ impl Decoder {
     /// Prefills `slot` from prepared embeddings `[n, hidden]` in the bundle's
     /// activation dtype (for example text embeddings with image features
     /// merged in) at the given positions, with the contract's `extras`
-    /// (bidirectional blocks, DeepStack injections). Decoding continues from
+    /// (bidirectional blocks, per-layer injections). Decoding continues from
     /// the largest position plus one. Returns the logits `rows` asks for.
     pub fn prefill_embeddings(
         &mut self,
@@ -294,10 +293,10 @@ impl Decoder {
             return Err(DecoderError::Embeddings(format!("shape is {shape:?}, the bundle takes [n, {h}]")));
         }
         let n = shape[0];
-        let (chunk, k) = (self.options.shape.chunk, self.config.deepstack_layers);
+        let (chunk, k) = (self.options.shape.chunk, self.config.injected_layers);
         if !extras.injections.is_empty() && extras.injections.len() != k {
             return Err(DecoderError::Extras(format!(
-                "{} injection tensors; this decoder takes {k} (its DeepStack layers)",
+                "{} injection tensors; this decoder takes {k} (its injected layers)",
                 extras.injections.len()
             )));
         }
@@ -396,7 +395,7 @@ impl Decoder {
         let s = HostTensor::scalar(slot as i32);
         let all: Vec<f32> = self.session.call("decoder.kv_slot", &[Arg::from(&s)])?.remove(0).to_host()?.to_vec()?;
         let (cap, len) = (self.options.shape.rows(), self.lens[slot]);
-        let row = self.config.kv_heads * self.config.head_dim;
+        let row = self.kv_layout().row_elems();
         Ok(all.chunks_exact(cap * row).flat_map(|block| block[..len * row].iter().copied()).collect())
     }
 
@@ -471,7 +470,7 @@ impl Decoder {
         start: usize,
         real: usize,
     ) -> Result<HostTensor, DecoderError> {
-        let (chunk, k, h) = (self.options.shape.chunk, self.config.deepstack_layers, self.config.hidden);
+        let (chunk, k, h) = (self.options.shape.chunk, self.config.injected_layers, self.config.hidden);
         let row = x.bytes().len() / x.shape()[0];
         let mut bytes = vec![0u8; k * chunk * row];
         for (i, t) in extras.injections.iter().enumerate() {
@@ -533,7 +532,7 @@ impl Decoder {
                 HostTensor::scalar(start as i32),
             ];
             if let Prefill::Embeddings(x, extras) = input
-                && self.config.deepstack_layers > 0
+                && self.config.injected_layers > 0
             {
                 args.push(self.injection_chunk(x, extras, start, real)?);
             }
@@ -674,18 +673,14 @@ pub struct Extras {
     /// Row ranges whose rows see each other in both directions (Gemma3's
     /// image tokens). Each must lie inside one prefill chunk.
     pub bidirectional: Vec<Range<usize>>,
-    /// Per DeepStack layer, `[n, hidden]` added to the hidden state after
+    /// Per injected layer, `[n, hidden]` added to the hidden state after
     /// that layer (zeros on rows without features). Empty, or exactly the
-    /// decoder's `deepstack_layers` tensors.
+    /// decoder's `injected_layers` tensors.
     pub injections: Vec<HostTensor>,
 }
 
-/// The exports every bundle has; checked after loading.
-const EXPORTS: [&str; 7] =
-    ["embed", "prefill_tokens", "prefill_embeddings", "logits", "logits_at", "decode", "kv_slot"];
-
 /// The checkpoint's tensors as the resolver reads them.
-fn index(ckpt: &Checkpoint) -> Index {
+pub fn checkpoint_index(ckpt: &Checkpoint) -> Index {
     ckpt.tensors()
         .iter()
         .map(|(key, t)| (key.clone(), TensorInfo { dtype: t.dtype.clone(), shape: t.shape.clone() }))

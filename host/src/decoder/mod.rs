@@ -6,5 +6,5 @@
 
 mod bundle;
 
-pub use bundle::{Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions};
+pub use bundle::{Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions, checkpoint_index};
 pub use mlxcel_decoder::{BundleShape, TextConfig, config, graph};

@@ -31,13 +31,14 @@ use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions, Logits};
 use mlxcel_plugin_api::conformance::tolerance;
 use mlxcel_plugin_api::{
     CheckpointIndex, ContractRequest, DType, ItemMeta, LayoutRequest, LoadedPlugin, Manifest, Modality, ModelConfig,
-    PluginSet, Positions, PrefillContract, Preprocessed, RVec, Tensor, TensorSpec, load_plugin, scan,
+    PluginSet, Positions, PrefillProgram, Preprocessed, RVec, Tensor, TensorSpec, load_plugin, scan,
 };
 use mlxcel_shim::{CacheOutcome, Checkpoint, CompileCache, Compiler, Device, Driver, Target};
 
 use super::tokens::Pieces;
 use crate::exec::DeviceArgs;
-use crate::multimodal::{Encoders, contract_input, preprocess, processor_json, read_text};
+use crate::multimodal::{Encoders, contract_input, decoder_spec, preprocess, processor_json, read_text};
+use mlxcel_decoder::DecoderSpec;
 
 /// The unit of the decoder bundle's prefill chunk (see [`Kit::decoder_chunk`]).
 const CHUNK: usize = 32;
@@ -514,7 +515,7 @@ impl<'a> Kit<'a> {
         golden: &Golden,
         media: &[Media],
         items: &[Preprocessed],
-        contract: Option<&Result<PrefillContract, String>>,
+        contract: Option<&Result<PrefillProgram, String>>,
     ) -> Vec<Stage> {
         let missing = |key: &str| Outcome::Skipped(format!("the goldens have no `{key}`"));
         let no_logits = || Outcome::Skipped("the goldens have neither `logits` nor `decode_logits`".to_owned());
@@ -578,7 +579,7 @@ impl<'a> Kit<'a> {
         golden: &Golden,
         media: &[Media],
         items: &[Preprocessed],
-        contract: &PrefillContract,
+        contract: &PrefillProgram,
         greedy: Option<&[i64]>,
         steps: usize,
     ) -> Result<Trajectory, Stopped> {
@@ -588,7 +589,8 @@ impl<'a> Kit<'a> {
         let decoder = self
             .decoder
             .get_or_insert_with(|| {
-                load_decoder(self.fixture.dir(), device_args, chunk, capacity).map_err(|e| format!("{e:#}"))
+                let spec = decoder_spec(self.plugin, &self.config).map_err(|e| format!("{e:#}"))?;
+                load_decoder(self.fixture.dir(), device_args, chunk, capacity, spec).map_err(|e| format!("{e:#}"))
             })
             .as_mut()
             .map_err(|e| Stopped::Embeddings(format!("loading the decoder: {e}")))?;
@@ -695,14 +697,14 @@ impl<'a> Kit<'a> {
 
     /// The prefill contract for the golden token ids (so it is checked apart from the
     /// placeholder stage).
-    fn contract(&self, golden: &Golden, metas: &[ItemMeta]) -> Result<PrefillContract, String> {
+    fn contract(&self, golden: &Golden, metas: &[ItemMeta]) -> Result<PrefillProgram, String> {
         let ids = golden.input_ids().map_err(|e| e.to_string())?;
         let token_ids = ids
             .iter()
             .map(|&id| u32::try_from(id).map_err(|_| format!("golden token id {id} does not fit u32")))
             .collect::<Result<RVec<u32>, String>>()?;
         let request = ContractRequest { token_ids, items: metas.iter().cloned().collect() };
-        self.plugin.prefill_contract(&self.config, &request).map_err(|e| e.to_string())
+        self.plugin.prefill_program(&self.config, &request).map_err(|e| e.to_string())
     }
 
     /// Runs each item through the plugin's encoder graph and compares the rows it places with
@@ -712,7 +714,7 @@ impl<'a> Kit<'a> {
         golden: &Golden,
         media: &[Media],
         items: &[Preprocessed],
-        contract: Option<&PrefillContract>,
+        contract: Option<&PrefillProgram>,
     ) -> Outcome {
         let mut outcomes = Vec::new();
         for (modality, key) in [(Modality::Image, "image_features"), (Modality::Audio, "audio_features")] {
@@ -747,7 +749,13 @@ impl<'a> Kit<'a> {
 }
 
 /// Compiles (through the compile cache) and loads the checkpoint's decoder with one slot.
-fn load_decoder(checkpoint: &Path, device_args: &DeviceArgs, chunk: usize, capacity: usize) -> Result<Decoder> {
+fn load_decoder(
+    checkpoint: &Path,
+    device_args: &DeviceArgs,
+    chunk: usize,
+    capacity: usize,
+    spec: Option<DecoderSpec>,
+) -> Result<Decoder> {
     let started = std::time::Instant::now();
     let compiler = Compiler::locate()?;
     let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
@@ -756,6 +764,7 @@ fn load_decoder(checkpoint: &Path, device_args: &DeviceArgs, chunk: usize, capac
     let options = DecoderOptions {
         shape: BundleShape { chunk, capacity, slots: 1 },
         target: Target::Cpu { cpu: device_args.target_cpu.clone() },
+        spec,
         ..DecoderOptions::default()
     };
     let decoder = Decoder::load(checkpoint, options, &device, &compiler, &cache)?;
@@ -920,7 +929,7 @@ fn compare_preprocess(golden: &Golden, items: &[Preprocessed]) -> Outcome {
     Outcome::Passed { max_abs_diff: worst, tolerance: tol, detail: checked.join(", ") }
 }
 
-fn compare_positions(golden: &Golden, contract: &PrefillContract) -> Outcome {
+fn compare_positions(golden: &Golden, contract: &PrefillProgram) -> Outcome {
     if !golden.has("position_ids") {
         return Outcome::Skipped("the goldens have no `position_ids`".to_owned());
     }
@@ -930,7 +939,7 @@ fn compare_positions(golden: &Golden, contract: &PrefillContract) -> Outcome {
     compared(golden.check_i64("position_ids", &ids), String::new())
 }
 
-fn compare_mask(golden: &Golden, contract: &PrefillContract) -> Outcome {
+fn compare_mask(golden: &Golden, contract: &PrefillProgram) -> Outcome {
     let Some(key) = ["attention_mask.full_attention", "attention_mask"].into_iter().find(|k| golden.has(k)) else {
         return Outcome::Skipped("the goldens have no `attention_mask.full_attention`".to_owned());
     };

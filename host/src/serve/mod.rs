@@ -143,6 +143,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     let shape = BundleShape { chunk: args.chunk, capacity: args.context, slots: args.slots };
     let load_dir = dir.clone();
     let with_encoders = media.is_some();
+    let spec = media.map(|m| m.decoder_spec()).transpose()?.flatten();
     let loader: engine::Loader = Box::new(move || {
         let compiler = Compiler::locate()?;
         let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
@@ -150,6 +151,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         let options = DecoderOptions {
             shape,
             target: Target::Cpu { cpu: device_args.target_cpu.clone() },
+            spec: spec.clone(),
             ..DecoderOptions::default()
         };
         let decoder = Decoder::load(&load_dir, options, &device, &compiler, &cache)

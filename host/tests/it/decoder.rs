@@ -93,11 +93,22 @@ fn golden(name: &str, variant: &str) -> Golden {
     }
 }
 
+/// The decoder spec a fixture's family brings: Qwen3-VL's language model is the qwen3 preset
+/// with one injected layer per DeepStack vision block, which its family plugin declares from
+/// its own config; the other fixtures read their preset.
+fn spec(name: &str) -> Option<mlxcel_decoder::DecoderSpec> {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).expect("config"))
+            .expect("json");
+    let deepstack = config.pointer("/vision_config/deepstack_visual_indexes")?.as_array()?.len();
+    Some(mlxcel_decoder::DecoderSpec { injected_layers: deepstack, ..mlxcel_decoder::presets::qwen3() })
+}
+
 fn load(name: &str, shape: BundleShape) -> Decoder {
     let compiler = Compiler::locate().expect("compiler");
     let cache = CompileCache::new(CompileCache::default_dir());
     let device = Device::new(Driver::LocalSync).expect("device");
-    let options = DecoderOptions { shape, ..DecoderOptions::default() };
+    let options = DecoderOptions { shape, spec: spec(name), ..DecoderOptions::default() };
     Decoder::load(&fixture(name), options, &device, &compiler, &cache).expect("decoder loads")
 }
 
@@ -265,7 +276,7 @@ fn gemma3_text_matches_transformers() {
 #[test]
 fn attention_masks_match_the_reference() {
     for (name, variants) in [("gemma3_text", &["long"][..]), ("gemma3", &["image", "two_images", "long"][..])] {
-        let config = mlxcel_host::decoder::TextConfig::load(&fixture(name)).expect("config");
+        let config = mlxcel_host::decoder::TextConfig::load(&fixture(name), None).expect("config");
         for variant in variants {
             let g = golden(name, variant);
             let bytes = std::fs::read(fixture(name).join(format!("goldens/{variant}.safetensors"))).expect("goldens");

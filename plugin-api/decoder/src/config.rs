@@ -1,8 +1,9 @@
 //! The text decoder's view of a Hugging Face `config.json`: a serde mirror
 //! of the fields the graph needs, validated together with the
-//! architecture's [`Preset`] into [`TextConfig`], which says everything the
-//! graph varies on (norm order, activation, per-layer attention kind and
-//! rotary frequencies) so one graph serves every preset.
+//! architecture's [`DecoderSpec`] (a preset, or a family plugin's own) into
+//! [`TextConfig`], which says everything the graph varies on (norm order,
+//! activation, per-layer attention kind and rotary frequencies) so one graph
+//! serves every spec.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -10,7 +11,8 @@ use serde::Deserialize;
 
 pub use mlxcel_emit::RmsStyle;
 
-use crate::presets::{self, AttnScale, Preset};
+use crate::presets;
+use crate::spec::{AttnScale, DecoderSpec, EmbedScale, NormPlacement, QkvBias};
 
 /// The attention a layer does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -151,8 +153,8 @@ impl MRope {
 /// A decoder configuration, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextConfig {
-    /// The architecture preset the config was read with.
-    pub preset: &'static Preset,
+    /// The spec the config was read with.
+    pub spec: DecoderSpec,
     pub hidden: usize,
     pub intermediate: usize,
     pub layers: usize,
@@ -180,9 +182,9 @@ pub struct TextConfig {
     pub rope: BTreeMap<LayerKind, Rope>,
     /// Three-stream positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
     pub mrope: Option<MRope>,
-    /// Layers after which prepared prompts may add per-row features
-    /// (Qwen3-VL's DeepStack): layers `0..deepstack_layers`.
-    pub deepstack_layers: usize,
+    /// Layers after which prepared prompts may add per-row features: layers
+    /// `0..injected_layers` (the spec's).
+    pub injected_layers: usize,
 }
 
 /// Why a config cannot be served.
@@ -198,6 +200,10 @@ pub enum ConfigError {
     Invalid { path: String, reason: String },
     #[error("model_type {model_type:?} has no text decoder preset (presets read: {supported})")]
     Unsupported { model_type: String, supported: String },
+    #[error("the decoder spec {spec:?} reads model_type {reads}, not the checkpoint's {model_type:?}")]
+    SpecMismatch { spec: String, reads: String, model_type: String },
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
 }
 
 fn parse_rope(r: &RawRope, fallback_theta: Option<f64>) -> Result<Rope, String> {
@@ -218,28 +224,29 @@ fn parse_rope(r: &RawRope, fallback_theta: Option<f64>) -> Result<Rope, String> 
 }
 
 impl TextConfig {
-    /// Reads `<dir>/config.json`.
-    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+    /// Reads `<dir>/config.json` with `spec`, or with the preset for its model type.
+    pub fn load(dir: &Path, spec: Option<&DecoderSpec>) -> Result<Self, ConfigError> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path)
             .map_err(|source| ConfigError::Io { path: path.display().to_string(), source })?;
-        TextConfig::parse(&text).map_err(|e| match e {
+        TextConfig::parse_with(&text, spec).map_err(|e| match e {
             ConfigError::Invalid { reason, .. } => ConfigError::Invalid { path: path.display().to_string(), reason },
             other => other,
         })
     }
 
     /// Parses a text model's config, or a VLM's (its `text_config`, with the
-    /// root's `tie_word_embeddings` where the text config has none).
+    /// root's `tie_word_embeddings` where the text config has none), with the
+    /// preset for its text `model_type`.
     pub fn parse(json: &str) -> Result<Self, ConfigError> {
+        TextConfig::parse_with(json, None)
+    }
+
+    /// As [`TextConfig::parse`], with `spec` (a family plugin's) instead of a preset when
+    /// given; the spec must read the config's text `model_type`.
+    pub fn parse_with(json: &str, spec: Option<&DecoderSpec>) -> Result<Self, ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid { path: "config.json".into(), reason };
         let mut root: serde_json::Value = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
-        // Qwen3-VL adds vision features to the hidden state after the first
-        // layers (DeepStack), one layer per listed vision block.
-        let deepstack_layers = root
-            .pointer("/vision_config/deepstack_visual_indexes")
-            .and_then(serde_json::Value::as_array)
-            .map_or(0, Vec::len);
         let value = match root.get_mut("text_config").map(serde_json::Value::take) {
             Some(mut text) => {
                 if text.get("tie_word_embeddings").is_none_or(serde_json::Value::is_null)
@@ -252,10 +259,24 @@ impl TextConfig {
             None => root,
         };
         let raw: RawConfig = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
-        let preset = presets::for_model_type(&raw.model_type).ok_or_else(|| ConfigError::Unsupported {
-            model_type: raw.model_type.clone(),
-            supported: presets::model_types(),
-        })?;
+        let preset = match spec {
+            Some(spec) => {
+                spec.validate()?;
+                if !spec.reads(&raw.model_type) {
+                    return Err(ConfigError::SpecMismatch {
+                        spec: spec.name.clone(),
+                        reads: spec.model_types.join(", "),
+                        model_type: raw.model_type,
+                    });
+                }
+                spec.clone()
+            }
+            None => presets::for_model_type(&raw.model_type).ok_or_else(|| ConfigError::Unsupported {
+                model_type: raw.model_type.clone(),
+                supported: presets::model_types(),
+            })?,
+        };
+        let attention = preset.attention;
         let act_name = raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()).unwrap_or("silu");
         let activation = match act_name {
             "silu" => Activation::Silu,
@@ -273,7 +294,7 @@ impl TextConfig {
         if raw.use_bidirectional_attention {
             return Err(invalid("use_bidirectional_attention is not implemented".into()));
         }
-        if raw.use_sliding_window && !preset.sliding_layers {
+        if raw.use_sliding_window && !attention.sliding_layers {
             return Err(invalid("use_sliding_window is not implemented for this decoder".into()));
         }
         let layer_kinds = match &raw.layer_types {
@@ -287,7 +308,7 @@ impl TextConfig {
             return Err(invalid(format!("{} layer_types for {} layers", layer_kinds.len(), raw.num_hidden_layers)));
         }
         let sliding = layer_kinds.contains(&LayerKind::Sliding);
-        if sliding && !preset.sliding_layers {
+        if sliding && !attention.sliding_layers {
             return Err(invalid("sliding_attention layers are not implemented for this decoder".into()));
         }
         let sliding_window = if sliding {
@@ -340,15 +361,15 @@ impl TextConfig {
             }
             _ => None,
         };
-        let attn_scale = match (preset.attn_scale, raw.query_pre_attn_scalar) {
+        let attn_scale = match (attention.scale, raw.query_pre_attn_scalar) {
             (AttnScale::InverseSqrtQueryPreAttnScalar, Some(s)) => s.powf(-0.5),
             (AttnScale::InverseSqrtQueryPreAttnScalar, None) => {
                 return Err(invalid(format!("{} needs query_pre_attn_scalar", preset.name)));
             }
             (AttnScale::InverseSqrtHeadDim, _) => (head_dim as f64).powf(-0.5),
         };
+        let sandwich_norms = preset.norms.placement == NormPlacement::Sandwich;
         Ok(TextConfig {
-            preset,
             hidden: raw.hidden_size,
             intermediate: raw.intermediate_size,
             layers: raw.num_hidden_layers,
@@ -357,20 +378,24 @@ impl TextConfig {
             head_dim,
             rms_eps: raw.rms_norm_eps,
             vocab: raw.vocab_size,
-            tied_embeddings: raw.tie_word_embeddings.unwrap_or(preset.tied_by_default),
-            qkv_bias: preset.qkv_bias || raw.attention_bias,
-            qk_norm: preset.qk_norm,
-            sandwich_norms: preset.sandwich_norms,
-            norm_style: preset.norm_style,
+            tied_embeddings: raw.tie_word_embeddings.unwrap_or(preset.head.tied_by_default),
+            qkv_bias: attention.qkv_bias == QkvBias::Always || raw.attention_bias,
+            qk_norm: attention.qk_norm,
+            sandwich_norms,
+            norm_style: preset.norms.style,
             activation,
             // torch.tensor(hidden ** 0.5) is an f32 tensor.
-            embed_scale: preset.embed_scale_sqrt_hidden.then(|| (raw.hidden_size as f64).sqrt() as f32),
+            embed_scale: match preset.embedding.scale {
+                EmbedScale::None => None,
+                EmbedScale::SqrtHidden => Some((raw.hidden_size as f64).sqrt() as f32),
+            },
             attn_scale,
             layer_kinds,
             sliding_window,
             rope,
             mrope,
-            deepstack_layers,
+            injected_layers: preset.injected_layers,
+            spec: preset,
         })
     }
 

@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use mlxcel_emit::{Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
 
 use crate::config::{Activation, LayerKind, TextConfig};
-use crate::weights::{DecoderWeights, Index, WeightsError};
+use crate::weights::{DecoderWeights, Index, LayerTensor, Tensor, WeightsError};
 
 /// Why a bundle cannot be emitted for a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +54,105 @@ impl BundleShape {
     /// (`dynamic_update_slice` would otherwise clamp its start).
     pub fn rows(&self) -> usize {
         self.capacity + self.chunk
+    }
+}
+
+/// The decoder ABI's version: the exports below, their arguments and results. Part of the
+/// plugin ABI (a plugin's spec is emitted through it) and of every bundle's compile-cache
+/// fingerprint; bumped whenever an export changes.
+pub const DECODER_ABI: u32 = 3;
+
+/// One export of a decoder bundle: its name and, in order, what its arguments and results are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Export {
+    pub name: &'static str,
+    pub args: &'static [&'static str],
+    pub results: &'static [&'static str],
+}
+
+/// Every export a bundle has (the module is `decoder`, so `decoder.<name>`). `injections` is
+/// present when the spec has injected layers.
+pub const EXPORTS: [Export; 7] = [
+    Export { name: "embed", args: &["tokens[T]"], results: &["raw-rows[T,H]"] },
+    Export {
+        name: "prefill_tokens",
+        args: &["tokens[T]", "pos[T|3,T]", "masks[K,T,C]", "slot", "start"],
+        results: &["hidden[T,H]"],
+    },
+    Export {
+        name: "prefill_embeddings",
+        args: &["x[T,H]", "pos[T|3,T]", "masks[K,T,C]", "slot", "start", "injections[J,T,H]?"],
+        results: &["hidden[T,H]"],
+    },
+    Export { name: "logits", args: &["hidden[T,H]"], results: &["logits[T,V]"] },
+    Export { name: "logits_at", args: &["hidden[T,H]", "row"], results: &["logits[1,V]"] },
+    Export {
+        name: "decode",
+        args: &["tokens[S]", "pos[S|3,S]", "write[S]", "masks[K,S,C]"],
+        results: &["logits[S,V]"],
+    },
+    Export { name: "kv_slot", args: &["slot"], results: &["kv[slot layout]"] },
+];
+
+/// [`DECODER_ABI`] and [`EXPORTS`] as one line, for fingerprints and messages.
+pub fn abi_schema() -> String {
+    let exports: Vec<String> =
+        EXPORTS.iter().map(|e| format!("{}({})->{}", e.name, e.args.join(","), e.results.join(","))).collect();
+    format!("decoder-abi-v{DECODER_ABI}: {}", exports.join(" "))
+}
+
+/// The KV cache a decoder keeps, as its attention kinds imply. The bundle holds it as one
+/// device-resident global `[layers, planes, slots, rows, row...]`; the host sizes, describes
+/// and reads slots through this, never from the config's head counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Cache layers: one per decoder layer for grouped-query attention.
+    pub layers: usize,
+    /// Tensors per cache layer and row: keys and values.
+    pub planes: usize,
+    /// One row of one plane: `[kv_heads, head_dim]`.
+    pub row: Vec<usize>,
+    /// The cache's element type (the activations').
+    pub elem: Elem,
+}
+
+impl KvLayout {
+    /// The cache `cfg`'s attention needs with `elem` activations.
+    pub fn of(cfg: &TextConfig, elem: Elem) -> Self {
+        // Every attention kind the specs have today caches each layer's keys and values.
+        KvLayout { layers: cfg.layers, planes: 2, row: vec![cfg.kv_heads, cfg.head_dim], elem }
+    }
+
+    /// Elements of one row of one plane.
+    pub fn row_elems(&self) -> usize {
+        self.row.iter().product()
+    }
+
+    /// The global's shape for `shape`'s slots and rows.
+    pub fn global(&self, shape: BundleShape) -> Vec<usize> {
+        let mut dims = vec![self.layers, self.planes, shape.slots, shape.rows()];
+        dims.extend_from_slice(&self.row);
+        dims
+    }
+
+    /// One slot's cache as `kv_slot` returns it: `[layers, planes, rows, row...]`.
+    pub fn slot(&self, rows: usize) -> Vec<usize> {
+        let mut dims = vec![self.layers, self.planes, rows];
+        dims.extend_from_slice(&self.row);
+        dims
+    }
+
+    /// The layout in words, for fingerprints and messages.
+    pub fn describe(&self, shape: BundleShape) -> String {
+        format!(
+            "[layers={}, planes={} (k|v), slots={}, rows={}, row={:?}] {}",
+            self.layers,
+            self.planes,
+            shape.slots,
+            shape.rows(),
+            self.row,
+            self.elem
+        )
     }
 }
 
@@ -119,44 +218,41 @@ pub fn emit(
         m.param(&key, Type::new(weights, shape))
     };
     let (h, d) = (cfg.hidden, cfg.head_dim);
-    let embed = p(&mut m, names.embed(), &[cfg.vocab, h]);
+    let key = |t: Tensor| names.key(t).expect("invariant: every tensor but an absent head has a key");
+    let embed = p(&mut m, key(Tensor::Embed), &[cfg.vocab, h]);
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
-        let n = |s: &str| names.key(&format!("layers.{i}.{s}"));
+        use LayerTensor as L;
+        let n = |m: &mut Module, t: LayerTensor, shape: &[usize]| p(m, key(Tensor::Layer(i, t)), shape);
         layers.push(Layer {
-            ln1: p(&mut m, n("input_layernorm.weight"), &[h]),
-            q: p(&mut m, n("self_attn.q_proj.weight"), &[cfg.heads * d, h]),
-            k: p(&mut m, n("self_attn.k_proj.weight"), &[cfg.kv_heads * d, h]),
-            v: p(&mut m, n("self_attn.v_proj.weight"), &[cfg.kv_heads * d, h]),
+            ln1: n(&mut m, L::AttnInNorm, &[h]),
+            q: n(&mut m, L::Q, &[cfg.heads * d, h]),
+            k: n(&mut m, L::K, &[cfg.kv_heads * d, h]),
+            v: n(&mut m, L::V, &[cfg.kv_heads * d, h]),
             qkv_bias: cfg.qkv_bias.then(|| {
                 [
-                    p(&mut m, n("self_attn.q_proj.bias"), &[cfg.heads * d]),
-                    p(&mut m, n("self_attn.k_proj.bias"), &[cfg.kv_heads * d]),
-                    p(&mut m, n("self_attn.v_proj.bias"), &[cfg.kv_heads * d]),
+                    n(&mut m, L::QBias, &[cfg.heads * d]),
+                    n(&mut m, L::KBias, &[cfg.kv_heads * d]),
+                    n(&mut m, L::VBias, &[cfg.kv_heads * d]),
                 ]
             }),
-            qk_norm: cfg.qk_norm.then(|| {
-                [p(&mut m, n("self_attn.q_norm.weight"), &[d]), p(&mut m, n("self_attn.k_norm.weight"), &[d])]
-            }),
-            o: p(&mut m, n("self_attn.o_proj.weight"), &[h, cfg.heads * d]),
-            post_attn: cfg.sandwich_norms.then(|| p(&mut m, n("post_attention_layernorm.weight"), &[h])),
-            ln2: if cfg.sandwich_norms {
-                p(&mut m, n("pre_feedforward_layernorm.weight"), &[h])
-            } else {
-                p(&mut m, n("post_attention_layernorm.weight"), &[h])
-            },
-            post_mlp: cfg.sandwich_norms.then(|| p(&mut m, n("post_feedforward_layernorm.weight"), &[h])),
-            gate: p(&mut m, n("mlp.gate_proj.weight"), &[cfg.intermediate, h]),
-            up: p(&mut m, n("mlp.up_proj.weight"), &[cfg.intermediate, h]),
-            down: p(&mut m, n("mlp.down_proj.weight"), &[h, cfg.intermediate]),
+            qk_norm: cfg.qk_norm.then(|| [n(&mut m, L::QNorm, &[d]), n(&mut m, L::KNorm, &[d])]),
+            o: n(&mut m, L::O, &[h, cfg.heads * d]),
+            post_attn: cfg.sandwich_norms.then(|| n(&mut m, L::AttnOutNorm, &[h])),
+            ln2: n(&mut m, L::MlpInNorm, &[h]),
+            post_mlp: cfg.sandwich_norms.then(|| n(&mut m, L::MlpOutNorm, &[h])),
+            gate: n(&mut m, L::Gate, &[cfg.intermediate, h]),
+            up: n(&mut m, L::Up, &[cfg.intermediate, h]),
+            down: n(&mut m, L::Down, &[h, cfg.intermediate]),
         });
     }
-    let norm = p(&mut m, names.key("norm.weight"), &[h]);
-    let lm_head = match &names.lm_head {
-        Some(key) => p(&mut m, key.clone(), &[cfg.vocab, h]),
+    let norm = p(&mut m, key(Tensor::Norm), &[h]);
+    let lm_head = match names.key(Tensor::LmHead) {
+        Some(head) => p(&mut m, head, &[cfg.vocab, h]),
         None => embed.clone(),
     };
-    let cache_ty = Type::new(contract.activations, &[cfg.layers, 2, shape.slots, shape.rows(), cfg.kv_heads, d]);
+    let kv = KvLayout::of(cfg, contract.activations);
+    let cache_ty = Type::new(kv.elem, &kv.global(shape));
     let cache = m.state("kv", cache_ty, 0.0);
     let e = Emitter { cfg, shape, c: contract, w: Weights { embed, layers, norm, lm_head }, cache };
 
@@ -175,10 +271,10 @@ pub fn emit(
     m.add_func(f, &[x]);
 
     // prefill_embeddings
-    // (with DeepStack: a further `injections[K, T, H]` added after layers 0..K)
+    // (with injected layers: a further `injections[K, T, H]` added after layers 0..K)
     let mut args = vec![contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()];
-    if cfg.deepstack_layers > 0 {
-        args.push(contract.act(&[cfg.deepstack_layers, t, h]));
+    if cfg.injected_layers > 0 {
+        args.push(contract.act(&[cfg.injected_layers, t, h]));
     }
     let (mut f, a) = m.func("prefill_embeddings", &args);
     let x = f.reshape(&a[0], &[1, t, h]);
@@ -210,8 +306,10 @@ pub fn emit(
     let all = f.load(&e.cache);
     let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
     let at = [zero.clone(), zero.clone(), a[0].clone(), zero.clone(), zero.clone(), zero];
-    let one = f.dynamic_slice(&all, &at, &[cfg.layers, 2, 1, cap, cfg.kv_heads, d]);
-    let one = f.reshape(&one, &[cfg.layers, 2, cap, cfg.kv_heads, d]);
+    let mut sizes = kv.global(shape);
+    sizes[2] = 1;
+    let one = f.dynamic_slice(&all, &at, &sizes);
+    let one = f.reshape(&one, &kv.slot(cap));
     m.add_func(f, &[one]);
 
     // decode: row b is slot b, one token each.
@@ -290,7 +388,7 @@ impl Emitter<'_> {
             let (y, updated) = self.layer(f, l, layer, &x, cos, sin, mask, &slots, writes, cache);
             cache = updated;
             x = y;
-            // DeepStack: rows without features get zeros, and x + 0 is x.
+            // Injections: rows without features get zeros, and x + 0 is x.
             if let Some(inj) = injections.as_ref().filter(|i| l < i.shape()[0]) {
                 let one = f.slice(inj, &[l, 0, 0], &[l + 1, t, h]);
                 let one = f.reshape(&one, &[b, t, h]);

@@ -1,5 +1,6 @@
 //! `mlxcel-decoder`: text decoders without a device. A checkpoint's
-//! `config.json` is read through an architecture [`presets::Preset`] into a
+//! `config.json` is read through a [`spec::DecoderSpec`] (one of the
+//! [`presets`], or a family plugin's own) into a
 //! [`TextConfig`], and [`graph::emit`] builds the decoder bundle's StableHLO
 //! from it, its weights located and checked by the one resolver
 //! ([`weights::DecoderWeights`]); the host compiles that bundle and owns its KV slots. The host
@@ -11,9 +12,13 @@ pub mod config;
 pub mod graph;
 pub mod prefill;
 pub mod presets;
+pub mod spec;
 pub mod weights;
 
 pub use config::{ConfigError, TextConfig};
-pub use graph::{BundleShape, GraphError};
-pub use presets::Preset;
-pub use weights::{DecoderWeights, Index, Linear, Quantization, TensorInfo, WeightsError};
+pub use graph::{BundleShape, GraphError, KvLayout};
+pub use spec::{DecoderSpec, SPEC_SCHEMA, SpecError};
+pub use weights::{
+    DecoderWeights, Index, LayerTensor, Linear, Quantization, Tensor, TensorInfo, WeightsError, resolve_names,
+    resolve_root, split_logical,
+};

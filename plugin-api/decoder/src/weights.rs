@@ -1,9 +1,11 @@
 //! The one place a decoder's logical weight names meet a checkpoint's keys.
 //!
-//! The graph names its tensors as a text model lays them out below its own
-//! root (`embed_tokens.weight`, `layers.3.self_attn.q_proj.weight`,
-//! `norm.weight`) plus the LM head; [`DecoderWeights::resolve`] finds where
-//! the checkpoint keeps that root and the head, and [`DecoderWeights::check`]
+//! The graph names its tensors by what they are ([`Tensor`]: the embedding
+//! table, layer 3's q projection, the final norm, the LM head);
+//! [`DecoderWeights::resolve`] finds where the checkpoint keeps its text
+//! model and head, [`DecoderWeights::key`] turns a logical name into the key
+//! (as transformers lays a text model out below that root), and
+//! [`DecoderWeights::check`]
 //! holds each declared tensor against the checkpoint: present, of the shape
 //! the config implies, in the dtype the graph reads, and dense. Every problem
 //! is reported at once, before anything is compiled; a layout that matches in
@@ -24,13 +26,81 @@ pub struct TensorInfo {
 /// A checkpoint's tensors by key: all the resolver reads.
 pub type Index = BTreeMap<String, TensorInfo>;
 
-/// Where text models keep their tensors: a text checkpoint under `model.`,
-/// a vision-language one under its language model (transformers 5's
-/// `model.language_model.`, the older `language_model.model.`), a bare
-/// export at the top.
-const ROOTS: [&str; 4] = ["model.", "model.language_model.", "language_model.model.", ""];
-/// Where an untied LM head is kept.
-const HEADS: [&str; 2] = ["lm_head.weight", "language_model.lm_head.weight"];
+/// Where a decoder's text model is found: the root holding its embedding table, its final
+/// norm and its first layer (a text checkpoint's `model.`, transformers 5's
+/// `model.language_model.`, the older `language_model.model.`, a bare export's none).
+const TEXT_ANCHORS: [&str; 3] = ["embed_tokens.weight", "norm.weight", "layers.0.input_layernorm.weight"];
+
+/// The separator of a logical parameter name, `<label>/<path>`: the tensor `path` below the
+/// root of the checkpoint module labelled `label` (`vision_tower/encoder.layers.0.mlp.fc1.weight`).
+pub const LOGICAL_SEPARATOR: char = '/';
+
+/// Splits a logical parameter name into its module label and path; `None` for a name without
+/// a label, which is a checkpoint key as it stands.
+pub fn split_logical(name: &str) -> Option<(&str, &str)> {
+    name.split_once(LOGICAL_SEPARATOR)
+}
+
+/// Finds the one root below which the checkpoint holds every tensor of a module: the prefix
+/// `P` such that `P + path` is a key for each of `paths`. `label`, when not empty, must be one
+/// of the root's dotted components (`vision_tower` matches `vision_tower.`,
+/// `vision_tower.vision_model.` and `model.vision_tower.`), so a module is found wherever a
+/// checkpoint layout nests it and never inside an unrelated one. No root, or more than one,
+/// is an error naming what was looked for: nothing is guessed, and no first match wins.
+pub fn resolve_root(index: &Index, label: &str, paths: &[&str]) -> Result<String, WeightsError> {
+    let module = || if label.is_empty() { "text model".to_owned() } else { format!("`{label}`") };
+    let Some(first) = paths.first() else { return Ok(String::new()) };
+    let labelled = |root: &str| label.is_empty() || root.split('.').any(|c| c == label);
+    let candidates: Vec<&str> = index
+        .keys()
+        .filter_map(|key| key.strip_suffix(first))
+        .filter(|root| root.is_empty() || root.ends_with('.'))
+        .filter(|root| labelled(root))
+        .collect();
+    if candidates.is_empty() {
+        return Err(WeightsError::NoModule { module: module(), path: (*first).to_owned() });
+    }
+    let holds = |root: &str| paths.iter().filter(|p| !index.contains_key(&format!("{root}{p}"))).count();
+    let complete: Vec<&str> = candidates.iter().copied().filter(|root| holds(root) == 0).collect();
+    match complete.as_slice() {
+        [one] => Ok((*one).to_owned()),
+        [] => {
+            let root = candidates.iter().copied().min_by_key(|root| holds(root)).unwrap_or_default();
+            let missing: Vec<String> = paths
+                .iter()
+                .filter(|p| !index.contains_key(&format!("{root}{p}")))
+                .map(|p| format!("{root}{p}"))
+                .collect();
+            Err(WeightsError::Incomplete { module: module(), root: root.to_owned(), missing: quoted_all(&missing) })
+        }
+        many => Err(WeightsError::AmbiguousModule { module: module(), roots: quoted(many) }),
+    }
+}
+
+/// The checkpoint key of every logical name in `names`: the names of one label resolve
+/// together ([`resolve_root`] over all their paths), a name without a label is its own key.
+pub fn resolve_names<'a>(
+    index: &Index,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<BTreeMap<String, String>, WeightsError> {
+    let mut modules: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut keys = BTreeMap::new();
+    for name in names {
+        match split_logical(name) {
+            Some((label, path)) => modules.entry(label).or_default().push(path),
+            None => {
+                keys.insert(name.to_owned(), name.to_owned());
+            }
+        }
+    }
+    for (label, paths) in modules {
+        let root = resolve_root(index, label, &paths)?;
+        for path in paths {
+            keys.insert(format!("{label}{LOGICAL_SEPARATOR}{path}"), format!("{root}{path}"));
+        }
+    }
+    Ok(keys)
+}
 
 /// A quantized checkpoint's `quantization` (MLX's `config.json`): bits per weight and the
 /// columns sharing one scale and bias.
@@ -68,16 +138,79 @@ impl Linear {
 /// Why a checkpoint cannot serve a decoder's weights.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WeightsError {
-    #[error("the checkpoint has no `embed_tokens.weight` under any text-model root ({roots})")]
-    NoRoot { roots: String },
-    #[error("the checkpoint holds a text model under more than one root ({0}); which one is the decoder is ambiguous")]
-    AmbiguousRoot(String),
-    #[error("the embeddings are not tied and the checkpoint has no LM head ({0})")]
-    NoHead(String),
-    #[error("the checkpoint has more than one LM head ({0}); which one is the decoder's is ambiguous")]
-    AmbiguousHead(String),
+    #[error("no checkpoint key is the {module}'s `{path}` (under any root)")]
+    NoModule { module: String, path: String },
+    #[error("the checkpoint holds the {module} under more than one root ({roots}); which one is meant is ambiguous")]
+    AmbiguousModule { module: String, roots: String },
+    #[error("the checkpoint's {module} under `{root}` lacks {missing}")]
+    Incomplete { module: String, root: String, missing: String },
     #[error("{} of the decoder's tensors do not match the checkpoint: {}", .0.len(), .0.join("; "))]
     Tensors(Vec<String>),
+}
+
+/// A decoder tensor by what it is, not by where a checkpoint keeps it: the graph names its
+/// weights only this way, and [`DecoderWeights::key`] is the one place they become keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tensor {
+    Embed,
+    /// The final norm.
+    Norm,
+    /// The untied LM head.
+    LmHead,
+    Layer(usize, LayerTensor),
+}
+
+/// A tensor of one decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerTensor {
+    /// The norm before attention.
+    AttnInNorm,
+    Q,
+    K,
+    V,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    O,
+    /// The sandwich norm on attention's output.
+    AttnOutNorm,
+    /// The norm before the MLP.
+    MlpInNorm,
+    /// The sandwich norm on the MLP's output.
+    MlpOutNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+impl LayerTensor {
+    /// The tensor's name under a layer, as transformers lays a layer out. The norm before the
+    /// MLP is `post_attention_layernorm` in a pre-norm layer and `pre_feedforward_layernorm`
+    /// in a sandwich one, where `post_attention_layernorm` is the norm on attention's output.
+    fn name(self, sandwich: bool) -> &'static str {
+        use LayerTensor::*;
+        match self {
+            AttnInNorm => "input_layernorm.weight",
+            Q => "self_attn.q_proj.weight",
+            K => "self_attn.k_proj.weight",
+            V => "self_attn.v_proj.weight",
+            QBias => "self_attn.q_proj.bias",
+            KBias => "self_attn.k_proj.bias",
+            VBias => "self_attn.v_proj.bias",
+            QNorm => "self_attn.q_norm.weight",
+            KNorm => "self_attn.k_norm.weight",
+            O => "self_attn.o_proj.weight",
+            AttnOutNorm => "post_attention_layernorm.weight",
+            MlpInNorm if sandwich => "pre_feedforward_layernorm.weight",
+            MlpInNorm => "post_attention_layernorm.weight",
+            MlpOutNorm => "post_feedforward_layernorm.weight",
+            Gate => "mlp.gate_proj.weight",
+            Up => "mlp.up_proj.weight",
+            Down => "mlp.down_proj.weight",
+        }
+    }
 }
 
 /// Where one checkpoint keeps a decoder's weights.
@@ -87,40 +220,36 @@ pub struct DecoderWeights {
     pub root: String,
     /// The untied LM head's key; `None` when the head is the embedding table.
     pub lm_head: Option<String>,
+    /// The layers carry sandwich norms (which renames the norm before the MLP).
+    pub sandwich: bool,
 }
 
 impl DecoderWeights {
-    /// Finds the text model's root and its LM head in `index`; `tied` says whether the head
-    /// is the embedding table.
-    pub fn resolve(index: &Index, tied: bool) -> Result<Self, WeightsError> {
-        let roots: Vec<&str> =
-            ROOTS.into_iter().filter(|r| index.contains_key(&format!("{r}embed_tokens.weight"))).collect();
-        let root = match roots.as_slice() {
-            [] => return Err(WeightsError::NoRoot { roots: quoted(&ROOTS) }),
-            [one] => *one,
-            many => return Err(WeightsError::AmbiguousRoot(quoted(many))),
+    /// Finds the text model's root and its LM head in `index` for the decoder `cfg` (whether
+    /// the head is the embedding table, where its norms sit).
+    pub fn resolve(index: &Index, cfg: &crate::TextConfig) -> Result<Self, WeightsError> {
+        let root = resolve_root(index, "", &TEXT_ANCHORS)?;
+        let lm_head = match cfg.tied_embeddings {
+            true => None,
+            false => Some(format!("{}weight", resolve_root(index, "lm_head", &["weight"])?)),
         };
-        let lm_head = if tied {
-            None
-        } else {
-            let heads: Vec<&str> = HEADS.into_iter().filter(|k| index.contains_key(*k)).collect();
-            match heads.as_slice() {
-                [] => return Err(WeightsError::NoHead(quoted(&HEADS))),
-                [one] => Some((*one).to_owned()),
-                many => return Err(WeightsError::AmbiguousHead(quoted(many))),
-            }
-        };
-        Ok(DecoderWeights { root: root.to_owned(), lm_head })
+        Ok(DecoderWeights { root, lm_head, sandwich: cfg.sandwich_norms })
     }
 
-    /// The checkpoint key of the text-model tensor `logical` (`layers.0.mlp.up_proj.weight`).
-    pub fn key(&self, logical: &str) -> String {
-        format!("{}{logical}", self.root)
+    /// The checkpoint key of `tensor`; `None` for the LM head when it is the embedding table.
+    pub fn key(&self, tensor: Tensor) -> Option<String> {
+        let root = &self.root;
+        match tensor {
+            Tensor::Embed => Some(format!("{root}embed_tokens.weight")),
+            Tensor::Norm => Some(format!("{root}norm.weight")),
+            Tensor::LmHead => self.lm_head.clone(),
+            Tensor::Layer(i, t) => Some(format!("{root}layers.{i}.{}", t.name(self.sandwich))),
+        }
     }
 
     /// The key of the embedding table.
     pub fn embed(&self) -> String {
-        self.key("embed_tokens.weight")
+        self.key(Tensor::Embed).expect("invariant: the embedding table has a key")
     }
 
     /// The problems of the declared tensors (key, shape) against `index` when the graph reads
@@ -158,6 +287,10 @@ fn quoted(items: &[&str]) -> String {
     items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
 }
 
+fn quoted_all(items: &[String]) -> String {
+    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,31 +305,115 @@ mod tests {
 
     #[test]
     fn the_root_and_head_are_found_once_or_refused() {
-        let text = index(&[("model.embed_tokens.weight", "F32", &[8, 4]), ("lm_head.weight", "F32", &[8, 4])]);
-        let w = DecoderWeights::resolve(&text, false).expect("text layout");
+        let llama = |tied: bool| {
+            let mut c = crate::TextConfig::parse(&tiny_config("llama")).expect("config");
+            c.tied_embeddings = tied;
+            c
+        };
+        let (tied, untied) = (llama(true), llama(false));
+        // A text model's anchors (embedding table, final norm, first layer's norm) under `root`.
+        let text_model = |root: &str| -> Vec<(String, &'static str, Vec<usize>)> {
+            TEXT_ANCHORS.iter().map(|p| (format!("{root}{p}"), "F32", vec![8])).collect()
+        };
+        let with = |parts: Vec<Vec<(String, &'static str, Vec<usize>)>>| -> Index {
+            parts
+                .into_iter()
+                .flatten()
+                .map(|(k, dtype, shape)| (k, TensorInfo { dtype: dtype.to_owned(), shape }))
+                .collect()
+        };
+        let head = |key: &str| vec![(key.to_owned(), "F32", vec![8, 4])];
+        let text = with(vec![text_model("model."), head("lm_head.weight")]);
+        let w = DecoderWeights::resolve(&text, &untied).expect("text layout");
         assert_eq!((w.root.as_str(), w.lm_head.as_deref()), ("model.", Some("lm_head.weight")));
-        assert_eq!(w.key("layers.0.mlp.up_proj.weight"), "model.layers.0.mlp.up_proj.weight");
-        assert_eq!(DecoderWeights::resolve(&text, true).expect("tied").lm_head, None);
+        let up = Tensor::Layer(0, LayerTensor::Up);
+        assert_eq!(w.key(up).as_deref(), Some("model.layers.0.mlp.up_proj.weight"));
+        assert_eq!(DecoderWeights::resolve(&text, &tied).expect("tied").lm_head, None);
 
-        let vlm = index(&[("model.language_model.embed_tokens.weight", "F32", &[8, 4])]);
-        assert_eq!(DecoderWeights::resolve(&vlm, true).expect("vlm layout").root, "model.language_model.");
-
-        let both = index(&[
-            ("model.embed_tokens.weight", "F32", &[8, 4]),
-            ("language_model.model.embed_tokens.weight", "F32", &[8, 4]),
-        ]);
+        let stray = vec![("model.visual.embed_tokens.weight".to_owned(), "F32", vec![8])];
+        let vlm = with(vec![text_model("model.language_model."), stray]);
+        let found = DecoderWeights::resolve(&vlm, &tied).expect("vlm layout");
+        assert_eq!(found.root, "model.language_model.", "a root holding only some anchors is no candidate");
+        let legacy = with(vec![text_model("language_model.model."), head("language_model.lm_head.weight")]);
+        let found = DecoderWeights::resolve(&legacy, &untied).expect("legacy layout");
         assert_eq!(
-            DecoderWeights::resolve(&both, true),
-            Err(WeightsError::AmbiguousRoot("`model.`, `language_model.model.`".into()))
+            (found.root.as_str(), found.lm_head.as_deref()),
+            ("language_model.model.", Some("language_model.lm_head.weight"))
         );
-        assert!(matches!(DecoderWeights::resolve(&index(&[]), true), Err(WeightsError::NoRoot { .. })));
-        assert!(matches!(DecoderWeights::resolve(&vlm, false), Err(WeightsError::NoHead(_))));
-        let heads = index(&[
-            ("model.embed_tokens.weight", "F32", &[8, 4]),
-            ("lm_head.weight", "F32", &[8, 4]),
-            ("language_model.lm_head.weight", "F32", &[8, 4]),
+
+        let both = with(vec![text_model("model."), text_model("language_model.model.")]);
+        assert_eq!(
+            DecoderWeights::resolve(&both, &tied),
+            Err(WeightsError::AmbiguousModule {
+                module: "text model".into(),
+                roots: "`language_model.model.`, `model.`".into()
+            })
+        );
+        assert!(matches!(DecoderWeights::resolve(&index(&[]), &tied), Err(WeightsError::NoModule { .. })));
+        let vlm = with(vec![text_model("model.language_model.")]);
+        assert!(matches!(DecoderWeights::resolve(&vlm, &untied), Err(WeightsError::NoModule { .. })));
+        let heads = with(vec![text_model("model."), head("lm_head.weight"), head("language_model.lm_head.weight")]);
+        assert!(matches!(DecoderWeights::resolve(&heads, &untied), Err(WeightsError::AmbiguousModule { .. })));
+    }
+
+    #[test]
+    fn a_module_is_found_under_whatever_root_nests_it_and_only_there() {
+        let paths = ["embeddings.patch_embedding.weight", "encoder.layers.0.mlp.fc1.weight"];
+        let under = |root: &str| -> Index {
+            paths.iter().map(|p| (format!("{root}{p}"), TensorInfo { dtype: "F32".into(), shape: vec![2] })).collect()
+        };
+        for root in ["vision_tower.", "vision_tower.vision_model.", "model.vision_tower."] {
+            assert_eq!(resolve_root(&under(root), "vision_tower", &paths).as_deref(), Ok(root));
+        }
+        // The label keeps another module's identically named tensors out.
+        let mut two = under("vision_tower.");
+        two.extend(under("audio_tower."));
+        assert_eq!(resolve_root(&two, "vision_tower", &paths).as_deref(), Ok("vision_tower."));
+        assert!(matches!(resolve_root(&two, "", &paths), Err(WeightsError::AmbiguousModule { .. })));
+        let mut partial = under("vision_tower.");
+        partial.remove("vision_tower.encoder.layers.0.mlp.fc1.weight");
+        assert_eq!(
+            resolve_root(&partial, "vision_tower", &paths),
+            Err(WeightsError::Incomplete {
+                module: "`vision_tower`".into(),
+                root: "vision_tower.".into(),
+                missing: "`vision_tower.encoder.layers.0.mlp.fc1.weight`".into(),
+            })
+        );
+
+        let names = ["vision_tower/embeddings.patch_embedding.weight", "vision_tower/encoder.layers.0.mlp.fc1.weight"];
+        let keys =
+            resolve_names(&under("model.vision_tower."), names.iter().copied().chain(["exact.key"])).expect("resolved");
+        assert_eq!(
+            keys["vision_tower/encoder.layers.0.mlp.fc1.weight"],
+            "model.vision_tower.encoder.layers.0.mlp.fc1.weight"
+        );
+        assert_eq!(keys["exact.key"], "exact.key", "a name without a label is its own key");
+    }
+
+    fn tiny_config(model_type: &str) -> String {
+        serde_json::json!({
+            "model_type": model_type, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 8, "rope_theta": 10000.0,
+            "query_pre_attn_scalar": 4, "tie_word_embeddings": true,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn the_norm_before_the_mlp_is_named_by_where_the_norms_sit() {
+        let idx = index(&[
+            ("model.embed_tokens.weight", "F32", &[8, 8]),
+            ("model.norm.weight", "F32", &[8]),
+            ("model.layers.0.input_layernorm.weight", "F32", &[8]),
         ]);
-        assert!(matches!(DecoderWeights::resolve(&heads, false), Err(WeightsError::AmbiguousHead(_))));
+        let key = |model_type: &str, t: LayerTensor| {
+            let cfg = crate::TextConfig::parse(&tiny_config(model_type)).expect("config");
+            DecoderWeights::resolve(&idx, &cfg).expect("resolve").key(Tensor::Layer(2, t)).expect("key")
+        };
+        assert_eq!(key("llama", LayerTensor::MlpInNorm), "model.layers.2.post_attention_layernorm.weight");
+        assert_eq!(key("gemma3_text", LayerTensor::MlpInNorm), "model.layers.2.pre_feedforward_layernorm.weight");
+        assert_eq!(key("gemma3_text", LayerTensor::AttnOutNorm), "model.layers.2.post_attention_layernorm.weight");
     }
 
     #[test]

@@ -295,7 +295,8 @@ fn erf_abramowitz_stegun(f: &mut Func, z: &Value) -> Value {
 }
 
 /// Where RMSNorm's weight is applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RmsStyle {
     /// `w * round(normed)` (Llama, Qwen).
     Plain,

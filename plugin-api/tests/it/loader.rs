@@ -16,7 +16,7 @@ fn rgb(width: u32, height: u32) -> MediaItem {
 fn good_plugin_answers_every_stage() {
     let (_dir, plugin) = load_good();
     assert_eq!(plugin.name(), "testkit-good");
-    assert_eq!(plugin.api_version().to_string(), "1.1");
+    assert_eq!(plugin.api_version().to_string(), "1.2");
     assert_eq!(plugin.identity().architectures.as_slice(), &[mlxcel_plugin_api::RString::from(GOOD.architecture)]);
 
     let config = plugin.parse_config(&GOOD.config_json(), "").expect("parse_config");
@@ -46,11 +46,10 @@ fn good_plugin_answers_every_stage() {
     // "look:" 1 token, boi, img, img, eoi, "ok".
     let tokens = vec![100, 5, 7, 7, 6, 101];
     let contract = plugin
-        .prefill_contract(&config, &ContractRequest { token_ids: tokens.into(), items: RVec::from(vec![item]) })
-        .expect("prefill_contract");
+        .prefill_program(&config, &ContractRequest { token_ids: tokens.into(), items: RVec::from(vec![item]) })
+        .expect("prefill_program");
     assert_eq!(contract.text_scale, 4.0);
-    assert_eq!(contract.placements[0].token_start, 2);
-    assert_eq!(contract.placements[0].rows, 2);
+    assert_eq!(contract.placements[0].tokens, mlxcel_plugin_api::TokenSet::Span { start: 2, len: 2 });
     let mask = contract.mask.materialize(6);
     // Row 2 (first image token) may see row 3 (second image token): bidirectional block.
     assert_eq!(mask[2 * 6 + 3], 0.0);
@@ -68,12 +67,12 @@ fn good_plugin_answers_every_stage() {
 
     let good_index =
         CheckpointIndex { tensors: RVec::from(vec![TensorSpec::new("vision.proj.weight", DType::F32, &[12, 16])]) };
-    let report = plugin.check_checkpoint(&config, &good_index).expect("check_checkpoint").expect("1.1 plugin");
+    let report = plugin.check_checkpoint(&config, &good_index).expect("check_checkpoint").expect("1.2 plugin");
     assert!(report.problems.is_empty());
     let report = plugin
         .check_checkpoint(&config, &CheckpointIndex { tensors: RVec::new() })
         .expect("check_checkpoint")
-        .expect("1.1 plugin");
+        .expect("1.2 plugin");
     assert_eq!(report.problems[0].as_str(), "missing tensor `vision.proj.weight`");
 }
 
@@ -121,7 +120,7 @@ fn plugin_errors_come_back_typed() {
 fn scan_skips_each_bad_plugin_with_its_reason_and_loads_the_rest() {
     let dir = PluginDir::new();
     dir.install(GOOD, |_| {});
-    dir.install(INCOMPATIBLE_MAJOR, |m| m.plugin.plugin_api = "1.1".to_owned());
+    dir.install(INCOMPATIBLE_MAJOR, |m| m.plugin.plugin_api = "1.2".to_owned());
     dir.install(PANICKING_IDENTITY, |_| {});
     dir.install(NO_ENTRY, |_| {});
     // A corrupt library with a manifest whose sha256 matches it.
@@ -156,7 +155,7 @@ fn scan_skips_each_bad_plugin_with_its_reason_and_loads_the_rest() {
         "skipped plugin `broken` ($DIR/broken.toml): invalid manifest $DIR/broken.toml: missing field `version`",
         "skipped plugin `corrupt` ($DIR/corrupt.toml): cannot open library $DIR/libcorrupt.so: ",
         "skipped plugin `stale` ($DIR/stale.toml): library $DIR/libmlxcel_testkit_good.so does not match its manifest: sha256 is ",
-        "skipped plugin `testkit-incompatible-major` ($DIR/testkit-incompatible-major.toml): plugin `testkit-incompatible-major` was built against plugin-api 2.0, which this host (plugin-api 1.1) cannot load",
+        "skipped plugin `testkit-incompatible-major` ($DIR/testkit-incompatible-major.toml): plugin `testkit-incompatible-major` was built against plugin-api 2.0, which this host (plugin-api 1.2) cannot load",
         "skipped plugin `testkit-no-entry` ($DIR/testkit-no-entry.toml): library $DIR/libmlxcel_testkit_no_entry.so lacks the symbol `mlxcel_plugin_api_version`: not built with export_plugin!",
         "skipped plugin `testkit-panicking-identity` ($DIR/testkit-panicking-identity.toml): plugin `testkit-panicking-identity` failed in identity: panicked: plugin panicked in identity: identity is broken in this fixture",
     ];
@@ -217,7 +216,7 @@ fn a_manifest_that_disagrees_with_its_library_refuses_the_plugin() {
     );
     check(
         |m| m.plugin.plugin_api = "1.0".to_owned(),
-        "plugin `testkit-good` disagrees with its manifest on plugin_api: manifest says 1.0, library says 1.1",
+        "plugin `testkit-good` disagrees with its manifest on plugin_api: manifest says 1.0, library says 1.2",
     );
 }
 

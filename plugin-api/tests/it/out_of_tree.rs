@@ -4,8 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use mlxcel_emit::{Elem, NumericContract};
+use mlxcel_plugin_api::decoder::{self, BundleShape, DecoderWeights, TextConfig};
 use mlxcel_plugin_api::{
-    ContractRequest, ItemMeta, LayoutRequest, Manifest, MediaItem, Modality, PreprocessOptions, RVec, scan,
+    CheckpointIndex, ContractRequest, ItemMeta, LayoutRequest, Manifest, MediaItem, Modality, PreprocessOptions, RVec,
+    scan,
 };
 
 use crate::support::{cargo, sha256_of, target_dirs};
@@ -109,17 +112,75 @@ fn the_walkthrough_plugin_builds_out_of_tree_and_loads() {
         .expect("prompt_layout");
     assert_eq!(layout.text.as_str(), "a <img><img> b");
     let contract = plugin
-        .prefill_contract(&config, &ContractRequest { token_ids: RVec::from(vec![1, 9, 9, 2]), items })
-        .expect("prefill_contract");
-    assert_eq!(contract.placements[0].token_start, 1);
+        .prefill_program(&config, &ContractRequest { token_ids: RVec::from(vec![1, 9, 9, 2]), items })
+        .expect("prefill_program");
+    assert_eq!(contract.placements[0].tokens, mlxcel_plugin_api::TokenSet::Span { start: 1, len: 2 });
     assert_eq!(contract.text_scale, 8.0);
+
+    // The encoder's logical weight found under whichever root the checkpoint keeps it.
+    let index = |key: &str, d: u64| CheckpointIndex {
+        tensors: RVec::from(vec![mlxcel_plugin_api::TensorSpec::new(key, mlxcel_plugin_api::DType::F32, &[588, d])]),
+    };
+    for key in ["vision.proj.weight", "model.vision.proj.weight"] {
+        let report = plugin.check_checkpoint(&config, &index(key, 64)).expect("check").expect("1.1 and later");
+        assert!(report.problems.is_empty(), "{key}: {:?}", report.problems);
+    }
+    let report = plugin.check_checkpoint(&config, &index("vision.proj.weight", 32)).expect("check").expect("report");
+    assert_eq!(report.problems[0].as_str(), "`vision.proj.weight` has shape [588, 32], the config needs [588, 64]");
+
+    // The plugin's own language model, read and emitted as the host does it.
+    let spec = plugin.decoder_spec(&config).expect("decoder_spec").expect("the walkthrough brings a spec");
+    assert_eq!((spec.name.as_str(), spec.attention.qk_norm), ("acme_text", true));
+    let checkpoint = r#"{"architectures": ["AcmeVlForConditionalGeneration"], "model_type": "acme_vl",
+        "text_config": {"model_type": "acme_text", "hidden_size": 64, "intermediate_size": 128,
+                        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "rms_norm_eps": 1e-6, "vocab_size": 32, "rope_theta": 10000.0}}"#;
+    let text = TextConfig::parse_with(checkpoint, Some(&spec)).expect("the spec reads acme_text");
+    assert!(text.qk_norm && text.sandwich_norms && text.embed_scale == Some(8.0), "{text:?}");
+    let presets_only = TextConfig::parse(checkpoint).expect_err("no preset reads acme_text");
+    assert!(presets_only.to_string().contains("\"acme_text\" has no text decoder preset"), "{presets_only}");
+    let index = synthetic_index(&text);
+    let names = DecoderWeights::resolve(&index, &text).expect("resolve");
+    let shape = BundleShape { chunk: 8, capacity: 16, slots: 2 };
+    let mlir = decoder::graph::emit(&text, &names, &index, shape, NumericContract::f32(), Elem::F32).expect("emit");
+    for tensor in ["model.layers.1.self_attn.k_norm.weight", "model.layers.1.post_feedforward_layernorm.weight"] {
+        assert!(mlir.contains(tensor), "the bundle reads {tensor}");
+    }
+    assert!(mlir.contains("tensor<2x2x2x24x2x16xf32>"), "the KV cache follows the declared layout");
+}
+
+/// A checkpoint index holding every tensor the decoder `cfg` reads, each of the shape it needs.
+fn synthetic_index(cfg: &TextConfig) -> decoder::Index {
+    let (h, d, i) = (cfg.hidden, cfg.head_dim, cfg.intermediate);
+    let mut tensors = vec![("model.embed_tokens.weight".to_owned(), vec![cfg.vocab, h])];
+    tensors.push(("model.norm.weight".to_owned(), vec![h]));
+    tensors.push(("lm_head.weight".to_owned(), vec![cfg.vocab, h]));
+    for l in 0..cfg.layers {
+        let layer = |name: &str, shape: Vec<usize>| (format!("model.layers.{l}.{name}"), shape);
+        tensors.extend([
+            layer("input_layernorm.weight", vec![h]),
+            layer("self_attn.q_proj.weight", vec![cfg.heads * d, h]),
+            layer("self_attn.k_proj.weight", vec![cfg.kv_heads * d, h]),
+            layer("self_attn.v_proj.weight", vec![cfg.kv_heads * d, h]),
+            layer("self_attn.q_norm.weight", vec![d]),
+            layer("self_attn.k_norm.weight", vec![d]),
+            layer("self_attn.o_proj.weight", vec![h, cfg.heads * d]),
+            layer("post_attention_layernorm.weight", vec![h]),
+            layer("pre_feedforward_layernorm.weight", vec![h]),
+            layer("post_feedforward_layernorm.weight", vec![h]),
+            layer("mlp.gate_proj.weight", vec![i, h]),
+            layer("mlp.up_proj.weight", vec![i, h]),
+            layer("mlp.down_proj.weight", vec![h, i]),
+        ]);
+    }
+    tensors.into_iter().map(|(key, shape)| (key, decoder::TensorInfo { dtype: "F32".to_owned(), shape })).collect()
 }
 
 #[test]
 fn a_plugin_built_against_another_plugin_api_release_of_the_same_major_loads() {
     // abi_stable records the plugin-api package version in every type layout and refuses a
     // plugin whose version is not "loosely compatible" (0.x: same minor; otherwise same major).
-    // The package version therefore follows the ABI (1.1.0), not the workspace: a copy of this
+    // The package version therefore follows the ABI (1.2.0), not the workspace: a copy of this
     // crate released as 1.0.7 stands in for an older release a third party built against.
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let copy = tempfile::tempdir().expect("temp dir");
@@ -179,6 +240,11 @@ fn standalone_manifest(crate_dir: &Path, version: &str) -> String {
         };
         for (key, value) in spec.as_table().expect("a table").iter().filter(|(k, _)| *k != "workspace") {
             resolved.insert(key.clone(), value.clone());
+        }
+        // A workspace path dependency (the decoder library) is relative to the workspace root.
+        if let Some(path) = resolved.get("path").and_then(toml::Value::as_str) {
+            let absolute = crate_dir.join("..").join(path);
+            resolved.insert("path".to_owned(), absolute.display().to_string().into());
         }
         *spec = toml::Value::Table(resolved);
     }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use mlxcel_emit::{Func, Global, NumericContract, Value};
 
-/// A tower's declared parameters and the prefix of its own names (`vision_tower.`).
+/// A tower's declared parameters and the prefix of its own logical names (`vision_tower/`).
 #[derive(Debug)]
 pub struct Tower<'a> {
     pub c: NumericContract,
@@ -19,7 +19,7 @@ pub struct Tower<'a> {
 }
 
 impl Tower<'_> {
-    /// The parameter `key` (a whole checkpoint key).
+    /// The parameter `key` (a whole logical name).
     pub fn w(&self, f: &mut Func, key: &str) -> Value {
         let g = self.globals.get(key).expect("invariant: every parameter is declared");
         f.load(g)
@@ -89,8 +89,8 @@ impl Tower<'_> {
     }
 }
 
-/// The parameters of [`Tower::pre_norm_layer`] for the layer whose whole key prefix is `layer`
-/// (`vision_tower.encoder.layers.3`), in declaration order.
+/// The parameters of [`Tower::pre_norm_layer`] for the layer whose whole logical prefix is
+/// `layer` (`vision_tower/encoder.layers.3`), in declaration order.
 pub fn pre_norm_layer_parameters(layer: &str, hidden: usize, intermediate: usize) -> Vec<(String, Vec<usize>)> {
     let n = |s: &str| format!("{layer}.{s}");
     let (e, mlp) = (hidden, intermediate);

@@ -11,12 +11,14 @@
 //!   which the decoder does from the blocks;
 //! - positions: plain 1-D `0..n`.
 
-use mlxcel_plugin_api::{AttentionMask, ContractRequest, Placement, PluginError, Positions, PrefillContract, RVec};
+use mlxcel_plugin_api::{
+    AttentionMask, ContractRequest, PluginError, Positions, PrefillProgram, ProgramPlacement, RVec,
+};
 
 use crate::config::Gemma3Config;
 use crate::vision::FEATURES;
 
-pub(crate) fn contract(config: &Gemma3Config, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+pub(crate) fn contract(config: &Gemma3Config, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
     let ids = request.token_ids.as_slice();
     let n = u32::try_from(ids.len()).map_err(|_| PluginError::too_large("the prompt is too long"))?;
     let soft = config.image_token_id;
@@ -63,19 +65,14 @@ pub(crate) fn contract(config: &Gemma3Config, request: &ContractRequest) -> Resu
                 "image {index}'s {per_image} soft tokens are not consecutive (a run of {left} starts at token {start})"
             )));
         }
-        placements.push(Placement {
-            item: index as u32,
-            encoder_output: FEATURES.into(),
-            token_start: start as u32,
-            rows: per_image as u32,
-        });
+        placements.push(ProgramPlacement::replace_span(index as u32, FEATURES, start as u32, per_image as u32));
         current = Some((start + per_image, left - per_image));
     }
 
     let mask = runs
         .iter()
         .fold(AttentionMask::causal(), |mask, &(start, len)| mask.with_bidirectional(start as u32, len as u32));
-    Ok(PrefillContract {
+    Ok(PrefillProgram {
         text_scale: config.text_scale(),
         placements: placements.into(),
         positions: Positions::sequential(n),
@@ -123,10 +120,14 @@ mod tests {
             golden.check_i64("attention_mask.full_attention", &attends).unwrap_or_else(|e| panic!("{variant}: {e}"));
             assert_eq!(c.placements.len(), images, "{variant}");
             for (i, p) in c.placements.iter().enumerate() {
-                assert_eq!((p.item, p.rows, p.encoder_output.as_str()), (i as u32, 16, FEATURES));
-                assert_eq!(ids[p.token_start as usize - 1], config.boi_token_id, "{variant}: the block opens before");
-                assert!(ids[p.token_start as usize..][..16].iter().all(|&t| t == config.image_token_id));
-                assert_eq!(ids[p.token_start as usize + 16], config.eoi_token_id, "{variant}");
+                assert_eq!((p.item, p.span().expect("a span").1, p.encoder_output.as_str()), (i as u32, 16, FEATURES));
+                assert_eq!(
+                    ids[p.span().expect("a span").0 as usize - 1],
+                    config.boi_token_id,
+                    "{variant}: the block opens before"
+                );
+                assert!(ids[p.span().expect("a span").0 as usize..][..16].iter().all(|&t| t == config.image_token_id));
+                assert_eq!(ids[p.span().expect("a span").0 as usize + 16], config.eoi_token_id, "{variant}");
             }
         }
     }
@@ -138,7 +139,7 @@ mod tests {
         ids.extend([392; 32]);
         ids.extend([391, 2]);
         let c = contract(&config, &request(ids, 2)).expect("contract");
-        let starts: Vec<u32> = c.placements.iter().map(|p| p.token_start).collect();
+        let starts: Vec<u32> = c.placements.iter().map(|p| p.span().expect("a span").0).collect();
         assert_eq!(starts, [2, 18]);
         assert_eq!(c.mask.blocks.len(), 1);
         assert_eq!((c.mask.blocks[0].row_start, c.mask.blocks[0].rows), (2, 32));

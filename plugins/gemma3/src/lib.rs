@@ -23,9 +23,9 @@ mod prompt;
 mod vision;
 
 use mlxcel_plugin_api::{
-    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest,
-    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillContract,
-    PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
+    Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
+    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
+    PromptLayout, ShapeBucket,
 };
 
 pub use config::Gemma3Config;
@@ -38,38 +38,33 @@ impl FamilyPlugin for Gemma3 {
     type Config = Gemma3Config;
 
     fn identity() -> PluginIdentity {
-        PluginIdentity {
-            name: "gemma3".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            architectures: RVec::from(vec![RString::from("Gemma3ForConditionalGeneration")]),
-            model_types: RVec::from(vec![RString::from("gemma3")]),
-            modalities: RVec::from(vec![Modality::Image]),
-            capabilities: RVec::from(vec![Capability::Image, Capability::MultiImage]),
-            references: RVec::from(vec![
-                RString::from(
-                    "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/gemma3",
-                ),
-                RString::from(
-                    "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/siglip",
-                ),
-            ]),
-        }
+        PluginIdentity::new(
+            "gemma3",
+            env!("CARGO_PKG_VERSION"),
+            &["Gemma3ForConditionalGeneration"],
+            &["gemma3"],
+            &[Modality::Image],
+            &[Capability::Image, Capability::MultiImage],
+            &[
+                "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/gemma3",
+                "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/siglip",
+            ],
+        )
     }
 
     fn parse_config(config_json: &str, processor_json: &str) -> Result<ParsedConfig<Gemma3Config>, PluginError> {
         let config = Gemma3Config::parse(config_json, processor_json)?;
-        let token = |role: &str, id: u32| SpecialToken { role: role.into(), id };
-        let summary = ConfigSummary {
-            model_type: config.model_type.as_str().into(),
-            architecture: config.architecture.as_str().into(),
-            modalities: RVec::from(vec![Modality::Image]),
-            text_hidden_size: config.text_hidden_size,
-            special_tokens: RVec::from(vec![
-                token("image_soft", config.image_token_id),
-                token("image_start", config.boi_token_id),
-                token("image_end", config.eoi_token_id),
-            ]),
-        };
+        let summary = ConfigSummary::new(
+            &config.model_type,
+            &config.architecture,
+            &[Modality::Image],
+            config.text_hidden_size,
+            &[
+                ("image_soft", config.image_token_id),
+                ("image_start", config.boi_token_id),
+                ("image_end", config.eoi_token_id),
+            ],
+        );
         Ok(ParsedConfig { summary, config })
     }
 
@@ -93,14 +88,12 @@ impl FamilyPlugin for Gemma3 {
         vision::graph(config, request)
     }
 
-    fn prefill_contract(config: &Gemma3Config, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+    fn prefill_program(config: &Gemma3Config, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
         contract::contract(config, request)
     }
 
-    fn check_checkpoint(config: &Gemma3Config, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        Ok(CheckpointReport::f32_parameters(index, vision::parameters(config), |key| {
-            format!("the checkpoint has no `{key}`")
-        }))
+    fn encoder_parameters(config: &Gemma3Config) -> Vec<(String, Vec<usize>)> {
+        vision::parameters(config)
     }
 }
 
@@ -146,6 +139,8 @@ mod testing {
 
 #[cfg(test)]
 mod tests {
+    use mlxcel_plugin_api::CheckpointIndex;
+
     use super::*;
     use crate::testing::fixture_json;
 
@@ -156,8 +151,9 @@ mod tests {
         let mut tensors: Vec<mlxcel_plugin_api::TensorSpec> = vision::parameters(&config)
             .into_iter()
             .map(|(k, s)| {
+                // The checkpoint keys of transformers' layout: each module at the top.
                 mlxcel_plugin_api::TensorSpec::new(
-                    k,
+                    k.replacen('/', ".", 1),
                     mlxcel_plugin_api::DType::F32,
                     &s.iter().map(|&d| d as u64).collect::<Vec<_>>(),
                 )
@@ -165,12 +161,21 @@ mod tests {
             .collect();
         let ok = Gemma3::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.clone().into() }).expect("ok");
         assert!(ok.problems.is_empty(), "{:?}", ok.problems);
+        let whole = tensors.clone();
         tensors.retain(|t| t.name.as_str() != "vision_tower.post_layernorm.bias");
+        let report =
+            Gemma3::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.clone().into() }).expect("report");
+        let problems: Vec<&str> = report.problems.iter().map(|p| p.as_str()).collect();
+        assert_eq!(
+            problems,
+            ["the checkpoint's `vision_tower` under `vision_tower.` lacks `vision_tower.post_layernorm.bias`"],
+            "a module missing a tensor is named with it"
+        );
+        let mut tensors = whole;
         tensors[0] = mlxcel_plugin_api::TensorSpec::new(tensors[0].name.as_str(), mlxcel_plugin_api::DType::F32, &[1]);
         let report = Gemma3::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.into() }).expect("report");
         let problems: Vec<&str> = report.problems.iter().map(|p| p.as_str()).collect();
-        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("`vision_tower.embeddings.patch_embedding.weight` has shape [1]"), "{problems:?}");
-        assert_eq!(problems[1], "the checkpoint has no `vision_tower.post_layernorm.bias`");
     }
 }

@@ -33,9 +33,10 @@ use crate::processor::PIXEL_VALUES;
 
 /// The graph's output, placed by the contract.
 pub(crate) const FEATURES: &str = "image_features";
-/// Where the tower's and the projector's weights live (transformers' saved layout).
-const TOWER: &str = "vision_tower.";
-const PROJECTOR: &str = "multi_modal_projector.";
+/// The tower's and the projector's weights, by logical name (`label/path`, the path as the
+/// reference names the tensor below its module); the host resolves each module's root.
+const TOWER: &str = "vision_tower/";
+const PROJECTOR: &str = "multi_modal_projector/";
 /// The one bucket: a single image at the tower's size.
 const BUCKET: &str = "image-1";
 
@@ -196,8 +197,8 @@ mod tests {
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
         assert_eq!(g.parameters.len(), 3 + 16 * 2 + 4);
-        assert!(g.stablehlo.contains("\"model\"::\"multi_modal_projector.mm_input_projection_weight\""));
-        assert!(g.stablehlo.contains("\"model\"::\"vision_tower.post_layernorm.bias\""));
+        assert!(g.stablehlo.contains("\"model\"::\"multi_modal_projector/mm_input_projection_weight\""));
+        assert!(g.stablehlo.contains("\"model\"::\"vision_tower/post_layernorm.bias\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "image-2".into() };
         assert_eq!(graph(&config, &bad).expect_err("bucket").code, ErrorCode::Unsupported);
         assert!(buckets_for_audio_fail(&config));

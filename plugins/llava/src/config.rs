@@ -47,8 +47,6 @@ pub struct LlavaConfig {
     pub projector_bias: bool,
     pub vision: VisionConfig,
     pub processor: ProcessorConfig,
-    /// Where the tower's weights live in the checkpoint.
-    pub vision_prefix: String,
 }
 
 /// `vision_feature_select_strategy`.
@@ -179,18 +177,6 @@ fn triple(v: Option<&Value>, default: [f64; 3], what: &str) -> Result<[f32; 3], 
     }
 }
 
-/// The checkpoint layout of the tower's weights: transformers 5 saves the CLIP tower without
-/// its `vision_model.` level, earlier versions (the LLaVA checkpoints on the hub) with it.
-fn vision_prefix(transformers_version: Option<&str>) -> String {
-    let major = transformers_version.and_then(|v| v.split('.').next()).and_then(|m| m.parse::<u32>().ok());
-    if major.is_some_and(|m| m >= 5) { "vision_tower.".into() } else { "vision_tower.vision_model.".into() }
-}
-
-/// The other layout's prefix, for naming it when the checkpoint has that one instead.
-pub(crate) fn other_vision_prefix(prefix: &str) -> &'static str {
-    if prefix == "vision_tower." { "vision_tower.vision_model." } else { "vision_tower." }
-}
-
 impl LlavaConfig {
     /// Parses `config.json` and the processor config (empty: the processor's defaults).
     pub fn parse(config_json: &str, processor_json: &str) -> Result<Self, PluginError> {
@@ -307,7 +293,6 @@ impl LlavaConfig {
             projector_bias: root.get("multimodal_projector_bias").and_then(Value::as_bool).unwrap_or(true),
             vision,
             processor,
-            vision_prefix: vision_prefix(root.get("transformers_version").and_then(Value::as_str)),
         })
     }
 
@@ -491,8 +476,6 @@ mod tests {
         assert_eq!(p.resize, Some(Resize::ShortestEdge { shortest: 56, longest: None }));
         assert_eq!((p.crop, p.resample, p.rescale_factor), (Some((56, 56)), 3, Some(0.00392156862745098)));
         assert_eq!(p.mean_std, Some((CLIP_MEAN.map(|x| x as f32), CLIP_STD.map(|x| x as f32))));
-        // transformers 5.24 saved the tower without `vision_model.`.
-        assert_eq!(c.vision_prefix, "vision_tower.");
     }
 
     /// A llava-1.5 style config: sparse sub-configs, transformers 4, a flat preprocessor config.
@@ -512,7 +495,6 @@ mod tests {
         let c = LlavaConfig::parse(HUB_CONFIG, HUB_PREPROCESSOR).expect("parse");
         assert_eq!((c.text_hidden_size, c.feature_tokens(), c.feature_layers.as_slice()), (4096, 576, &[23][..]));
         assert_eq!((c.vision.act, c.vision.layer_norm_eps, c.vision.head_dim()), (Act::QuickGelu, 1e-5, 64));
-        assert_eq!(c.vision_prefix, "vision_tower.vision_model.");
         // No processor config at all: the tower's own square.
         let c = LlavaConfig::parse(HUB_CONFIG, "").expect("parse");
         assert_eq!(c.processor.resize, Some(Resize::ShortestEdge { shortest: 336, longest: None }));

@@ -4,12 +4,14 @@
 //! text embeddings unscaled; 1-D positions `0..n` and a causal mask, as the Llama decoder
 //! has them.
 
-use mlxcel_plugin_api::{AttentionMask, ContractRequest, Placement, PluginError, Positions, PrefillContract, RVec};
+use mlxcel_plugin_api::{
+    AttentionMask, ContractRequest, PluginError, Positions, PrefillProgram, ProgramPlacement, RVec,
+};
 
 use crate::config::LlavaConfig;
 use crate::vision::FEATURES;
 
-pub(crate) fn contract(config: &LlavaConfig, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+pub(crate) fn contract(config: &LlavaConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
     let ids = request.token_ids.as_slice();
     let len = u32::try_from(ids.len()).map_err(|_| PluginError::too_large("the prompt is too long"))?;
     let token = config.image_token_id;
@@ -36,15 +38,10 @@ pub(crate) fn contract(config: &LlavaConfig, request: &ContractRequest) -> Resul
                 "image {index}'s {rows} image tokens are not consecutive (from token {start})"
             )));
         }
-        placements.push(Placement {
-            item: index as u32,
-            encoder_output: FEATURES.into(),
-            token_start: start as u32,
-            rows: rows as u32,
-        });
+        placements.push(ProgramPlacement::replace_span(index as u32, FEATURES, start as u32, rows as u32));
         taken += rows;
     }
-    Ok(PrefillContract {
+    Ok(PrefillProgram {
         text_scale: 1.0,
         placements: placements.into(),
         positions: Positions::sequential(len),
@@ -86,8 +83,13 @@ mod tests {
             // Every image token is covered once, in order.
             let mut covered = vec![false; ids.len()];
             for (i, p) in c.placements.iter().enumerate() {
-                assert_eq!((p.item as usize, p.rows, p.encoder_output.as_str()), (i, 16, FEATURES));
-                for slot in &mut covered[p.token_start as usize..(p.token_start + p.rows) as usize] {
+                assert_eq!(
+                    (p.item as usize, p.span().expect("a span").1, p.encoder_output.as_str()),
+                    (i, 16, FEATURES)
+                );
+                for slot in &mut covered[p.span().expect("a span").0 as usize
+                    ..(p.span().expect("a span").0 + p.span().expect("a span").1) as usize]
+                {
                     *slot = true;
                 }
             }
@@ -104,7 +106,8 @@ mod tests {
         ids.extend([t; 32]);
         ids.push(3);
         let c = contract(&config, &request(ids, 2, 16)).expect("contract");
-        let starts: Vec<(u32, u32)> = c.placements.iter().map(|p| (p.token_start, p.rows)).collect();
+        let starts: Vec<(u32, u32)> =
+            c.placements.iter().map(|p| (p.span().expect("a span").0, p.span().expect("a span").1)).collect();
         assert_eq!(starts, [(2, 16), (18, 16)]);
     }
 

@@ -21,9 +21,9 @@ mod prompt;
 mod vision;
 
 use mlxcel_plugin_api::{
-    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest,
-    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillContract,
-    PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
+    Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
+    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
+    PromptLayout, ShapeBucket,
 };
 
 pub use config::LlavaConfig;
@@ -36,31 +36,29 @@ impl FamilyPlugin for Llava {
     type Config = LlavaConfig;
 
     fn identity() -> PluginIdentity {
-        let reference = |model: &str| {
-            RString::from(format!(
-                "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/{model}"
-            ))
-        };
-        PluginIdentity {
-            name: "llava".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            architectures: RVec::from(vec![RString::from("LlavaForConditionalGeneration")]),
-            model_types: RVec::from(vec![RString::from("llava")]),
-            modalities: RVec::from(vec![Modality::Image]),
-            capabilities: RVec::from(vec![Capability::Image, Capability::MultiImage]),
-            references: RVec::from(vec![reference("llava"), reference("clip")]),
-        }
+        PluginIdentity::new(
+            "llava",
+            env!("CARGO_PKG_VERSION"),
+            &["LlavaForConditionalGeneration"],
+            &["llava"],
+            &[Modality::Image],
+            &[Capability::Image, Capability::MultiImage],
+            &[
+                "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/llava",
+                "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/clip",
+            ],
+        )
     }
 
     fn parse_config(config_json: &str, processor_json: &str) -> Result<ParsedConfig<LlavaConfig>, PluginError> {
         let config = LlavaConfig::parse(config_json, processor_json)?;
-        let summary = ConfigSummary {
-            model_type: config.model_type.as_str().into(),
-            architecture: config.architecture.as_str().into(),
-            modalities: RVec::from(vec![Modality::Image]),
-            text_hidden_size: config.text_hidden_size,
-            special_tokens: RVec::from(vec![SpecialToken { role: "image".into(), id: config.image_token_id }]),
-        };
+        let summary = ConfigSummary::new(
+            &config.model_type,
+            &config.architecture,
+            &[Modality::Image],
+            config.text_hidden_size,
+            &[("image", config.image_token_id)],
+        );
         Ok(ParsedConfig { summary, config })
     }
 
@@ -84,33 +82,13 @@ impl FamilyPlugin for Llava {
         vision::graph(config, request)
     }
 
-    fn prefill_contract(config: &LlavaConfig, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+    fn prefill_program(config: &LlavaConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
         contract::contract(config, request)
     }
 
-    fn check_checkpoint(config: &LlavaConfig, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        Ok(checkpoint_report(config, index))
+    fn encoder_parameters(config: &LlavaConfig) -> Vec<(String, Vec<usize>)> {
+        vision::parameters(config)
     }
-}
-
-/// Every encoder parameter the checkpoint lacks or holds in another shape or dtype. A missing
-/// tower weight found under the other checkpoint layout is named with it.
-fn checkpoint_report(config: &LlavaConfig, index: &CheckpointIndex) -> CheckpointReport {
-    let present = |key: &str| index.tensors.iter().any(|t| t.name.as_str() == key);
-    CheckpointReport::f32_parameters(index, vision::parameters(config), |key| {
-        // Name the other tower layout when that is what the checkpoint has.
-        let other = key
-            .strip_prefix(config.vision_prefix.as_str())
-            .map(|rest| format!("{}{rest}", config::other_vision_prefix(&config.vision_prefix)))
-            .filter(|other| present(other));
-        match other {
-            Some(other) => format!(
-                "the checkpoint has no `{key}` but has `{other}`: its tower is saved in the other layout than \
-                 config.json's transformers_version implies"
-            ),
-            None => format!("the checkpoint has no `{key}`"),
-        }
-    })
 }
 
 mlxcel_plugin_api::export_plugin!(Llava);
@@ -178,7 +156,7 @@ mod tests {
     }
 
     fn report(config: &LlavaConfig, index: &CheckpointIndex) -> Vec<String> {
-        checkpoint_report(config, index).problems.iter().map(|p| p.to_string()).collect()
+        Llava::check_checkpoint(config, index).expect("report").problems.iter().map(|p| p.to_string()).collect()
     }
 
     #[test]
@@ -186,18 +164,27 @@ mod tests {
         assert_eq!(report(&fixture_config(), &fixture_index()), Vec::<String>::new());
     }
 
+    /// The hub's LLaVA checkpoints keep the tower under `vision_tower.vision_model.`,
+    /// transformers 5 under `vision_tower.`: the tensors decide, never a version string.
     #[test]
-    fn a_checkpoint_in_the_other_layout_is_named() {
-        let mut config = fixture_config();
-        config.vision_prefix = "vision_tower.vision_model.".into();
-        let problems = report(&config, &fixture_index());
-        assert_eq!(problems.len(), 3 + 2 + 2 * 16, "{problems:#?}");
-        assert_eq!(
-            problems[0],
-            "the checkpoint has no `vision_tower.vision_model.embeddings.class_embedding` but has \
-             `vision_tower.embeddings.class_embedding`: its tower is saved in the other layout than config.json's \
-             transformers_version implies"
+    fn the_tower_is_found_in_either_checkpoint_layout_and_misfits_are_named() {
+        let mut hub = fixture_index();
+        for t in hub.tensors.iter_mut() {
+            if let Some(rest) = t.name.as_str().strip_prefix("vision_tower.") {
+                t.name = format!("vision_tower.vision_model.{rest}").into();
+            }
+        }
+        assert_eq!(report(&fixture_config(), &hub), Vec::<String>::new());
+
+        let mut both = fixture_index();
+        both.tensors.extend(hub.tensors.iter().filter(|t| t.name.as_str().contains("vision_model")).cloned());
+        let problems = report(&fixture_config(), &both);
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0].contains("more than one root (`vision_tower.`, `vision_tower.vision_model.`)"),
+            "{problems:?}"
         );
+
         let mut config = fixture_config();
         config.text_hidden_size = 32;
         let problems = report(&config, &fixture_index());

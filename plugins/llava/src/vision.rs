@@ -26,8 +26,11 @@ use crate::processor::PIXEL_VALUES;
 
 /// The graph's output, placed by the contract.
 pub(crate) const FEATURES: &str = "image_features";
-/// Where the projector's weights live (every LLaVA checkpoint layout).
-const PROJECTOR: &str = "multi_modal_projector.";
+/// The tower's and the projector's weights, by logical name (`label/path`, the path as CLIP
+/// names the tensor below its vision model); the host resolves each module's root, so hub
+/// checkpoints (`vision_tower.vision_model.`) and transformers 5's (`vision_tower.`) both load.
+const TOWER: &str = "vision_tower/";
+const PROJECTOR: &str = "multi_modal_projector/";
 
 fn bucket_id(config: &LlavaConfig) -> String {
     let s = config.vision.image_size;
@@ -51,7 +54,7 @@ pub(crate) fn buckets(config: &LlavaConfig, modality: Modality) -> Result<Vec<Sh
 pub(crate) fn parameters(config: &LlavaConfig) -> Vec<(String, Vec<usize>)> {
     let v = &config.vision;
     let (e, p) = (v.hidden_size, v.patch_size);
-    let t = |s: &str| format!("{}{s}", config.vision_prefix);
+    let t = |s: &str| format!("{TOWER}{s}");
     let mut out = vec![
         (t("embeddings.class_embedding"), vec![e]),
         (t("embeddings.patch_embedding.weight"), vec![e, v.num_channels, p, p]),
@@ -146,7 +149,7 @@ pub(crate) fn emit(config: &LlavaConfig) -> Result<String, mlxcel_emit::EmitErro
         globals.insert(key, g);
     }
     let c = NumericContract::f32();
-    let tower = Tower { c, globals: &globals, prefix: &config.vision_prefix, eps: v.layer_norm_eps };
+    let tower = Tower { c, globals: &globals, prefix: TOWER, eps: v.layer_norm_eps };
     let e = Emitter { c, config, tower };
     let s = v.image_size;
     let (mut func, a) = m.func("main", &[Type::new(Elem::F32, &[1, 3, s, s])]);
@@ -199,7 +202,7 @@ mod tests {
         // Embeddings (3), pre_layrnorm (2), two of the three layers (16 each), projector (4):
         // the third layer's output is never read.
         assert_eq!(g.parameters.len(), 3 + 2 + 2 * 16 + 4);
-        assert!(g.stablehlo.contains("\"model\"::\"vision_tower.encoder.layers.1.mlp.fc2.bias\""));
+        assert!(g.stablehlo.contains("\"model\"::\"vision_tower/encoder.layers.1.mlp.fc2.bias\""));
         assert!(!g.stablehlo.contains("encoder.layers.2."));
         assert!(!g.stablehlo.contains("post_layernorm"));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "image-57x57".into() };
@@ -215,7 +218,7 @@ mod tests {
         config.select = SelectStrategy::Full;
         config.projector_bias = false;
         let params = parameters(&config);
-        let linear_1 = params.iter().find(|(k, _)| k == "multi_modal_projector.linear_1.weight").expect("linear_1");
+        let linear_1 = params.iter().find(|(k, _)| k == "multi_modal_projector/linear_1.weight").expect("linear_1");
         assert_eq!(linear_1.1, [64, 64]);
         assert!(!params.iter().any(|(k, _)| k.ends_with(".linear_1.bias")));
         assert!(params.iter().any(|(k, _)| k.contains("encoder.layers.2.")));

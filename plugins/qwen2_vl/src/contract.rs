@@ -6,13 +6,15 @@
 //! so `rope_delta = next_position - len`. A prompt without images has plain 1-D positions,
 //! as the reference gives it.
 
-use mlxcel_plugin_api::{AttentionMask, ContractRequest, Placement, PluginError, Positions, PrefillContract, RVec};
+use mlxcel_plugin_api::{
+    AttentionMask, ContractRequest, PluginError, Positions, PrefillProgram, ProgramPlacement, RVec,
+};
 
 use crate::config::Qwen2VlConfig;
 use crate::prompt::feature_tokens;
 use crate::vision::FEATURES;
 
-pub(crate) fn contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+pub(crate) fn contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
     let ids = request.token_ids.as_slice();
     let len = ids.len();
     let pad = config.image_token_id;
@@ -22,7 +24,7 @@ pub(crate) fn contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Res
             return Err(PluginError::invalid(format!("token {at} is an image pad but the request has no images")));
         }
         let n = u32::try_from(len).map_err(|_| PluginError::too_large("the prompt is too long"))?;
-        return Ok(PrefillContract {
+        return Ok(PrefillProgram {
             text_scale: 1.0,
             placements: RVec::new(),
             positions: Positions::sequential(n),
@@ -68,19 +70,14 @@ pub(crate) fn contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Res
         }
         // The reference advances by the larger merged side (images have one frame).
         next += i64::from(h.max(w));
-        placements.push(Placement {
-            item: index as u32,
-            encoder_output: FEATURES.into(),
-            token_start: at as u32,
-            rows: count as u32,
-        });
+        placements.push(ProgramPlacement::replace_span(index as u32, FEATURES, at as u32, count as u32));
         at = end;
     }
     if let Some((index, _)) = items.next() {
         return Err(PluginError::invalid(format!("image {index} has no run of image tokens in the prompt")));
     }
     let ids: RVec<i64> = rows.into_iter().flatten().collect();
-    Ok(PrefillContract {
+    Ok(PrefillProgram {
         text_scale: 1.0,
         placements: placements.into(),
         positions: Positions::MRope {
@@ -128,7 +125,7 @@ mod tests {
             let delta = golden.field("rope_delta").expect("rope_delta").as_i64().expect("integer");
             assert_eq!(next - request.token_ids.len() as i64, delta, "{variant}");
             let pads = request.token_ids.iter().filter(|&&t| t == config.image_token_id).count() as u32;
-            assert_eq!(c.placements.iter().map(|p| p.rows).sum::<u32>(), pads, "{variant}");
+            assert_eq!(c.placements.iter().map(|p| p.span().expect("a span").1).sum::<u32>(), pads, "{variant}");
             assert_eq!(c.mask, AttentionMask::causal());
         }
     }

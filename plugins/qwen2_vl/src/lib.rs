@@ -20,9 +20,9 @@ mod prompt;
 mod vision;
 
 use mlxcel_plugin_api::{
-    Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest,
-    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillContract,
-    PreprocessOptions, Preprocessed, PromptLayout, RString, RVec, ShapeBucket, SpecialToken,
+    Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
+    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
+    PromptLayout, ShapeBucket,
 };
 
 pub use config::Qwen2VlConfig;
@@ -35,34 +35,31 @@ impl FamilyPlugin for Qwen2Vl {
     type Config = Qwen2VlConfig;
 
     fn identity() -> PluginIdentity {
-        PluginIdentity {
-            name: "qwen2-vl".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            architectures: RVec::from(vec![RString::from("Qwen2VLForConditionalGeneration")]),
-            model_types: RVec::from(vec![RString::from("qwen2_vl")]),
-            modalities: RVec::from(vec![Modality::Image]),
-            capabilities: RVec::from(vec![Capability::Image, Capability::MultiImage]),
-            references: RVec::from(vec![RString::from(
-                "https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/qwen2_vl",
-            )]),
-        }
+        PluginIdentity::new(
+            "qwen2-vl",
+            env!("CARGO_PKG_VERSION"),
+            &["Qwen2VLForConditionalGeneration"],
+            &["qwen2_vl"],
+            &[Modality::Image],
+            &[Capability::Image, Capability::MultiImage],
+            &["https://github.com/huggingface/transformers/tree/v5.24.0/src/transformers/models/qwen2_vl"],
+        )
     }
 
     fn parse_config(config_json: &str, processor_json: &str) -> Result<ParsedConfig<Qwen2VlConfig>, PluginError> {
         let config = Qwen2VlConfig::parse(config_json, processor_json)?;
-        let token = |role: &str, id: u32| SpecialToken { role: role.into(), id };
-        let summary = ConfigSummary {
-            model_type: config.model_type.as_str().into(),
-            architecture: config.architecture.as_str().into(),
-            modalities: RVec::from(vec![Modality::Image]),
-            text_hidden_size: config.text_hidden_size,
-            special_tokens: RVec::from(vec![
-                token("image_pad", config.image_token_id),
-                token("video_pad", config.video_token_id),
-                token("vision_start", config.vision_start_token_id),
-                token("vision_end", config.vision_end_token_id),
-            ]),
-        };
+        let summary = ConfigSummary::new(
+            &config.model_type,
+            &config.architecture,
+            &[Modality::Image],
+            config.text_hidden_size,
+            &[
+                ("image_pad", config.image_token_id),
+                ("video_pad", config.video_token_id),
+                ("vision_start", config.vision_start_token_id),
+                ("vision_end", config.vision_end_token_id),
+            ],
+        );
         Ok(ParsedConfig { summary, config })
     }
 
@@ -86,14 +83,12 @@ impl FamilyPlugin for Qwen2Vl {
         vision::graph(config, request)
     }
 
-    fn prefill_contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+    fn prefill_program(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
         contract::contract(config, request)
     }
 
-    fn check_checkpoint(config: &Qwen2VlConfig, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        Ok(CheckpointReport::f32_parameters(index, vision::parameters(config), |key| {
-            format!("the checkpoint has no `{key}`")
-        }))
+    fn encoder_parameters(config: &Qwen2VlConfig) -> Vec<(String, Vec<usize>)> {
+        vision::parameters(config)
     }
 }
 

@@ -24,8 +24,9 @@ use crate::processor::{PATCH_POSITIONS, PATCH_SEGMENTS, PIXEL_VALUES, SEGMENT_ST
 
 /// The graph's output, placed by the contract.
 pub(crate) const FEATURES: &str = "image_features";
-/// Where the vision weights live in Qwen2-VL checkpoints (the hub layout transformers writes).
-const PREFIX: &str = "visual.";
+/// The vision weights, by logical name (`visual/<path below the vision model>`); the host
+/// resolves the root (`visual.` in hub checkpoints, `model.visual.` in transformers 5's).
+const PREFIX: &str = "visual/";
 /// The smallest bucket, in patch rows; the next ones are every power of two
 /// times it and one and a half times each, so an image's rows are padded by
 /// less than half (attention costs the square of that). Each bucket is
@@ -322,7 +323,7 @@ mod tests {
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
         assert_eq!(g.parameters.len(), 1 + 12 * 2 + 6);
-        assert!(g.stablehlo.contains("\"model\"::\"visual.merger.mlp.2.bias\""));
+        assert!(g.stablehlo.contains("\"model\"::\"visual/merger.mlp.2.bias\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
         assert!(graph(&config, &bad).is_err());
     }

@@ -178,3 +178,44 @@ fn aligned_files_are_mapped_and_unaligned_ones_read_with_the_same_result() {
         }
     }
 }
+
+/// A module naming its weights by logical names reads the checkpoint's tensors through
+/// aliases: the same bytes under a second key, across shards.
+#[test]
+fn aliases_serve_checkpoint_tensors_under_the_names_a_module_uses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_safetensors(&dir.path().join("model-00001-of-00002.safetensors"), &[("model.tower.w", vec![4, 4], weight())]);
+    write_safetensors(&dir.path().join("model-00002-of-00002.safetensors"), &[("model.tower.b", vec![4], bias())]);
+    let index = r#"{"metadata": {"total_size": 80}, "weight_map": {
+        "model.tower.w": "model-00001-of-00002.safetensors",
+        "model.tower.b": "model-00002-of-00002.safetensors"}}"#;
+    std::fs::write(dir.path().join("model.safetensors.index.json"), index).expect("index");
+    let aliases = |pairs: &[(&str, &str)]| pairs.iter().map(|(a, k)| ((*a).to_owned(), (*k).to_owned())).collect();
+    let open = || Checkpoint::open(dir.path()).expect("checkpoint");
+
+    let params = Parameters::with_aliases(
+        "model",
+        open(),
+        aliases(&[("layer.weight", "model.tower.w"), ("layer.bias", "model.tower.b")]),
+    )
+    .expect("aliases");
+    let device = Device::new(Driver::LocalSync).expect("device");
+    let session = Session::new(&device, Some(&params), &[&compile("affine", AFFINE)]).expect("session");
+    let x = HostTensor::from_slice(vec![1, 4], &[1.0f32, -2.0, 0.5, 3.0]).expect("x");
+    let got: Vec<f32> = session
+        .call("affine.apply", &[(&x).into()])
+        .expect("call")
+        .remove(0)
+        .to_host()
+        .expect("host")
+        .to_vec()
+        .expect("f32");
+    assert_close(&got, &by_hand(&[1.0, -2.0, 0.5, 3.0]), 1e-5);
+
+    let err = Parameters::with_aliases("model", open(), aliases(&[("layer.weight", "model.tower.nothing")]))
+        .expect_err("an alias of a missing key");
+    assert!(matches!(err, Error::ParameterMissing { .. }), "{err:?}");
+    let err = Parameters::with_aliases("model", open(), aliases(&[("model.tower.b", "model.tower.w")]))
+        .expect_err("an alias that is another tensor's key");
+    assert!(matches!(err, Error::ParameterAlias { .. }), "{err:?}");
+}

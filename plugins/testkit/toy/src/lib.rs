@@ -10,11 +10,12 @@
 
 use std::marker::PhantomData;
 
+use mlxcel_plugin_api::decoder::{self, DecoderSpec, presets};
 use mlxcel_plugin_api::{
     AttentionMask, Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph,
     EncoderGraphRequest, FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig,
-    Placement, PluginError, PluginIdentity, Positions, PrefillContract, PreprocessOptions, Preprocessed, PromptLayout,
-    RString, RVec, ShapeBucket, SpecialToken, Tensor, TensorSpec,
+    PluginError, PluginIdentity, Positions, PrefillProgram, PreprocessOptions, Preprocessed, ProgramPlacement,
+    PromptLayout, RString, RVec, ShapeBucket, SpecialToken, Tensor, TensorSpec,
 };
 use serde::{Deserialize, Serialize};
 
@@ -283,7 +284,7 @@ impl<V: Variant> FamilyPlugin for Toy<V> {
         })
     }
 
-    fn prefill_contract(config: &ToyConfig, request: &ContractRequest) -> Result<PrefillContract, PluginError> {
+    fn prefill_program(config: &ToyConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
         let ids = request.token_ids.as_slice();
         let mut runs = Vec::new();
         let mut start = None;
@@ -313,17 +314,12 @@ impl<V: Variant> FamilyPlugin for Toy<V> {
                     item.grid.feature_tokens
                 )));
             }
-            placements.push(Placement {
-                item: index as u32,
-                encoder_output: "features".into(),
-                token_start: start as u32,
-                rows: len as u32,
-            });
+            placements.push(ProgramPlacement::replace_span(index as u32, "features", start as u32, len as u32));
             if !V::CAUSAL_IMAGE_BLOCKS {
                 mask = mask.with_bidirectional(start as u32, len as u32);
             }
         }
-        Ok(PrefillContract {
+        Ok(PrefillProgram {
             text_scale: (config.hidden_size as f32).sqrt(),
             placements: placements.into(),
             positions: Positions::sequential(ids.len() as u32),
@@ -349,5 +345,21 @@ impl<V: Variant> FamilyPlugin for Toy<V> {
             Some(_) => Vec::new(),
         };
         Ok(CheckpointReport { problems: problems.into() })
+    }
+
+    fn decoder_spec(_config: &ToyConfig) -> Result<Option<DecoderSpec>, PluginError> {
+        Ok(Some(toy_decoder()))
+    }
+}
+
+/// The toy's own text decoder (since plugin-api 1.2): Llama's blocks with q/k norms, reading
+/// `toy_text` configs.
+pub fn toy_decoder() -> DecoderSpec {
+    let llama = presets::llama();
+    DecoderSpec {
+        name: "toy_text".into(),
+        model_types: vec!["toy_text".into()],
+        attention: decoder::spec::Attention { qk_norm: true, ..llama.attention },
+        ..llama
     }
 }

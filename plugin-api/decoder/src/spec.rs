@@ -1,0 +1,229 @@
+//! A text decoder as declared data: which of the library's blocks it is
+//! built from. A [`DecoderSpec`] says what an architecture fixes that its
+//! `config.json` leaves unsaid (which projections carry biases, where the
+//! norms sit, how embeddings and attention scores are scaled);
+//! [`crate::TextConfig::parse_with`] combines it with the config's sizes into
+//! the validated config the graph is built from.
+//!
+//! The library's own architectures are the [`crate::presets`]. A family
+//! plugin may bring its own spec across the plugin ABI (since plugin-api
+//! 1.2), serialised as JSON in this schema: every field is required unless
+//! marked, and an unknown field is an error, never ignored, because every
+//! field here changes the math.
+
+use serde::{Deserialize, Serialize};
+
+pub use mlxcel_emit::RmsStyle;
+
+/// The schema version of [`DecoderSpec`]'s serialised form. Bumped when a
+/// field changes meaning or a required field is added; a spec of another
+/// schema is refused rather than half understood.
+pub const SPEC_SCHEMA: u32 = 1;
+
+/// A decoder: its embedding, norms, attention, MLP and head blocks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecoderSpec {
+    /// [`SPEC_SCHEMA`] when the spec was written.
+    pub schema: u32,
+    /// The architecture's name, for messages, the compile-cache fingerprint
+    /// and MLIR dumps.
+    pub name: String,
+    /// The text `model_type` values the spec reads (a vision-language
+    /// checkpoint's `text_config.model_type`).
+    pub model_types: Vec<String>,
+    pub embedding: Embedding,
+    pub norms: Norms,
+    pub attention: Attention,
+    pub mlp: Mlp,
+    pub head: Head,
+    /// Prepared prompts may add one per-row feature tensor to the hidden
+    /// state after each of layers `0..injected_layers` (Qwen3-VL's DeepStack).
+    /// A family that injects says how many from its own config.
+    #[serde(default)]
+    pub injected_layers: usize,
+}
+
+/// The token embedding block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Embedding {
+    pub scale: EmbedScale,
+}
+
+/// What token embeddings are multiplied by before the first layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbedScale {
+    /// Nothing.
+    None,
+    /// `sqrt(hidden_size)`, computed in f32 and cast to the activation dtype.
+    SqrtHidden,
+}
+
+/// Where the norms sit and how their weight applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Norms {
+    pub style: RmsStyle,
+    pub placement: NormPlacement,
+}
+
+/// The norms of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormPlacement {
+    /// One norm before attention and one before the MLP.
+    Pre,
+    /// As `pre`, plus one on each block's output before its residual add.
+    Sandwich,
+}
+
+/// The attention block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attention {
+    pub kind: AttentionKind,
+    pub qkv_bias: QkvBias,
+    /// Per-head RMSNorm on q and k before the rotary embedding.
+    pub qk_norm: bool,
+    pub scale: AttnScale,
+    /// Sliding-window layers (`layer_types`, `use_sliding_window`) are part
+    /// of the architecture; a spec without them refuses a config that asks.
+    pub sliding_layers: bool,
+}
+
+/// How queries meet keys and what the cache holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionKind {
+    /// Grouped-query attention with the config's rotary embedding (1-D, or
+    /// M-RoPE when `mrope_section` is given); the cache holds each layer's
+    /// keys and values.
+    GroupedQuery,
+}
+
+/// Whether q, k and v carry biases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QkvBias {
+    /// When the config's `attention_bias` says so.
+    FromConfig,
+    /// Always.
+    Always,
+}
+
+/// How attention scores are scaled before the softmax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttnScale {
+    /// `head_dim ** -0.5`.
+    InverseSqrtHeadDim,
+    /// `query_pre_attn_scalar ** -0.5`, which the config must give.
+    InverseSqrtQueryPreAttnScalar,
+}
+
+/// The feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mlp {
+    /// `down(act(gate(x)) * up(x))` with the config's activation.
+    Gated,
+}
+
+/// The LM head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Head {
+    /// The head is the embedding table when the config's
+    /// `tie_word_embeddings` does not say.
+    pub tied_by_default: bool,
+}
+
+/// Why a spec cannot be used.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("the decoder spec is not valid JSON for schema {SPEC_SCHEMA}: {0}")]
+    Json(String),
+    #[error("the decoder spec has schema {found}; this library reads schema {SPEC_SCHEMA}")]
+    Schema { found: u32 },
+    #[error("the decoder spec {name:?} is incomplete: {reason}")]
+    Incomplete { name: String, reason: &'static str },
+}
+
+impl DecoderSpec {
+    /// Reads a serialised spec and validates it.
+    pub fn from_json(json: &str) -> Result<Self, SpecError> {
+        // The schema first, so a newer spec is named as such rather than as an unknown field.
+        #[derive(Deserialize)]
+        struct Schema {
+            schema: u32,
+        }
+        let Schema { schema } = serde_json::from_str(json).map_err(|e| SpecError::Json(e.to_string()))?;
+        if schema != SPEC_SCHEMA {
+            return Err(SpecError::Schema { found: schema });
+        }
+        let spec: DecoderSpec = serde_json::from_str(json).map_err(|e| SpecError::Json(e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The spec as JSON in [`SPEC_SCHEMA`].
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("invariant: a spec serialises")
+    }
+
+    /// Checks what the types cannot: the schema, a name, a model type.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.schema != SPEC_SCHEMA {
+            return Err(SpecError::Schema { found: self.schema });
+        }
+        let incomplete = |reason| Err(SpecError::Incomplete { name: self.name.clone(), reason });
+        if self.name.is_empty() {
+            return incomplete("it has no name");
+        }
+        if self.model_types.is_empty() || self.model_types.iter().any(String::is_empty) {
+            return incomplete("it reads no model_type");
+        }
+        Ok(())
+    }
+
+    /// Whether this spec reads a text config of `model_type`.
+    pub fn reads(&self, model_type: &str) -> bool {
+        self.model_types.iter().any(|t| t == model_type)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::presets;
+
+    #[test]
+    fn every_preset_round_trips_through_its_json() {
+        for p in presets::all() {
+            assert_eq!(DecoderSpec::from_json(&p.to_json()).as_ref(), Ok(&p), "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn an_unknown_field_another_schema_or_an_empty_spec_is_refused() {
+        let mut v: serde_json::Value = serde_json::from_str(&presets::llama().to_json()).expect("json");
+        v["attention"]["softcap"] = 30.0.into();
+        let err = DecoderSpec::from_json(&v.to_string()).expect_err("unknown field");
+        assert!(err.to_string().contains("unknown field `softcap`"), "{err}");
+
+        v = serde_json::from_str(&presets::llama().to_json()).expect("json");
+        v["schema"] = 2.into();
+        v["new_block"] = true.into();
+        assert_eq!(DecoderSpec::from_json(&v.to_string()), Err(SpecError::Schema { found: 2 }));
+
+        v = serde_json::from_str(&presets::llama().to_json()).expect("json");
+        v["model_types"] = serde_json::json!([]);
+        assert!(matches!(DecoderSpec::from_json(&v.to_string()), Err(SpecError::Incomplete { .. })));
+        v["model_types"] = serde_json::json!(["x"]);
+        v.as_object_mut().expect("object").remove("mlp");
+        let err = DecoderSpec::from_json(&v.to_string()).expect_err("missing block");
+        assert!(err.to_string().contains("missing field `mlp`"), "{err}");
+    }
+}
