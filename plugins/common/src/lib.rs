@@ -5,8 +5,9 @@
 //!   normalise (transformers' PIL backend);
 //! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify;
 //! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop;
-//! - [`vit`]: the vision-tower blocks of the encoder graphs (weights by name, linears, layer
-//!   norms, the pre-norm SigLIP/CLIP encoder layer).
+//! - [`vit`]: the vision-tower blocks of the encoder graphs (weights by logical name, linears,
+//!   layer norms, the pre-norm SigLIP/CLIP encoder layer, the patch merger, 2-D rotary
+//!   embedding, the patch-grid average pool).
 
 #![forbid(unsafe_code)]
 

@@ -2,11 +2,12 @@
 //! its biased linears and layer norms, and the pre-norm ViT encoder layer of SigLIP and CLIP
 //! (`layer_norm1`, self-attention with separate `q_proj`/`k_proj`/`v_proj`/`out_proj`, residual,
 //! `layer_norm2`, `mlp.fc1`, activation, `mlp.fc2`, residual), with its parameter list in the
-//! order the graph declares it.
+//! order the graph declares it; the Qwen-VL patch merger and 2-D rotary embedding, and the
+//! average pool over the patch grid that projectors use.
 
 use std::collections::HashMap;
 
-use mlxcel_emit::{Func, Global, NumericContract, Value};
+use mlxcel_emit::{Elem, Func, Global, NumericContract, Value};
 
 /// A tower's declared parameters and the prefix of its own logical names (`vision_tower/`).
 #[derive(Debug)]
@@ -87,6 +88,87 @@ impl Tower<'_> {
         let h = self.linear(f, &h, &format!("{layer}.mlp.fc2"));
         self.c.residual(f, &x, &h)
     }
+
+    /// The patch merger of the Qwen-VL towers: `norm(x)`, each `area` consecutive rows (one
+    /// merge group, in the processor's merge order) concatenated into one, then `fc1`, `act`,
+    /// `fc2` (biased linears of the tower). `[n, e]` to `[n / area, out]`.
+    pub fn patch_merger(
+        &self,
+        f: &mut Func,
+        x: &Value,
+        area: usize,
+        norm: impl Fn(&mut Func, &Value) -> Value,
+        [fc1, fc2]: [&str; 2],
+        act: impl Fn(&mut Func, &Value) -> Value,
+    ) -> Value {
+        let (n, e) = (x.shape()[0], x.shape()[1]);
+        let h = norm(f, x);
+        let h = f.reshape(&h, &[n / area, e * area]);
+        let h = self.linear(f, &h, fc1);
+        let h = act(f, &h);
+        self.linear(f, &h, fc2)
+    }
+}
+
+/// The 2-D rotary tables of the Qwen-VL towers, cos and sin `[n, head_dim]`: per row, the
+/// frequencies of its height position then those of its width position (`positions [n, 2]`,
+/// i32), each `pos * inv_freq` with torch's `1 / theta ** (arange(0, d/2, 2) / (d/2))` in f32,
+/// the pair duplicated over both halves.
+pub fn rotary_2d(f: &mut Func, positions: &Value, head_dim: usize, theta: f64) -> (Value, Value) {
+    let n = positions.shape()[0];
+    let spatial = head_dim / 2;
+    let theta = theta as f32;
+    let inv: Vec<f32> = (0..spatial / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / spatial as f32)).collect();
+    let k = inv.len();
+    let inv = f.constant_f32(&[k], &inv);
+    let ib = f.broadcast(&inv, &[n, 2, k], &[2]);
+    let p = f.convert(positions, Elem::F32);
+    let pb = f.broadcast(&p, &[n, 2, k], &[0, 1]);
+    let freqs = f.mul(&pb, &ib);
+    let freqs = f.reshape(&freqs, &[n, 2 * k]);
+    let freqs = f.concat(&[freqs.clone(), freqs], 1);
+    (f.cos(&freqs), f.sin(&freqs))
+}
+
+/// `x * cos + rotate_half(x) * sin` for `x [n, heads, d]` and tables `[n, d]`.
+pub fn rope(f: &mut Func, x: &Value, cos: &Value, sin: &Value) -> Value {
+    let s = x.shape().to_vec();
+    let (n, h, d) = (s[0], s[1], s[2]);
+    let half = d / 2;
+    let x1 = f.slice(x, &[0, 0, 0], &[n, h, half]);
+    let x2 = f.slice(x, &[0, 0, half], &[n, h, d]);
+    let nx2 = f.neg(&x2);
+    let rot = f.concat(&[nx2, x1], 2);
+    let cb = f.broadcast(cos, &s, &[0, 2]);
+    let sb = f.broadcast(sin, &s, &[0, 2]);
+    let a = f.mul(x, &cb);
+    let r = f.mul(&rot, &sb);
+    f.add(&a, &r)
+}
+
+/// `AvgPool2d(k, stride=k)` over the `side x side` grid of patch rows `x [side * side, e]`
+/// (row-major): `[(side / k)^2, e]`, pooled rows row-major, each the mean of its `k x k`
+/// window summed in the window's row-major order, then divided by `k * k`.
+pub fn avg_pool_grid(f: &mut Func, x: &Value, side: usize, k: usize) -> Value {
+    let e = x.shape()[1];
+    let t = side / k;
+    // Patch (ty * k + i, tx * k + j) is row ((ty * k + i) * side + tx * k + j).
+    let grid = f.reshape(x, &[t, k, t, k, e]);
+    let mut sum: Option<Value> = None;
+    for i in 0..k {
+        for j in 0..k {
+            let one = f.slice(&grid, &[0, i, 0, j, 0], &[t, i + 1, t, j + 1, e]);
+            let one = f.reshape(&one, &[t, t, e]);
+            sum = Some(match sum {
+                Some(acc) => f.add(&acc, &one),
+                None => one,
+            });
+        }
+    }
+    let sum = sum.expect("invariant: the kernel is at least 1x1");
+    let count = f.splat(sum.ty(), (k * k) as f64);
+    let mean = f.div(&sum, &count);
+    f.reshape(&mean, &[t * t, e])
 }
 
 /// The parameters of [`Tower::pre_norm_layer`] for the layer whose whole logical prefix is

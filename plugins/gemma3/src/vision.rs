@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 
 use mlxcel_emit::{Elem, Func, Module, NumericContract, RmsStyle, Type, Value};
-use mlxcel_family_common::vit::{Tower, pre_norm_layer_parameters};
+use mlxcel_family_common::vit::{Tower, avg_pool_grid, pre_norm_layer_parameters};
 use mlxcel_plugin_api::{
     DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
 };
@@ -124,31 +124,8 @@ impl Emitter<'_> {
         f.add(&x, &positions)
     }
 
-    /// `AvgPool2d(k, stride=k)` over the `P x P` grid of `x [P*P, hidden]`: `[T*T, hidden]`.
-    fn avg_pool(&self, f: &mut Func, x: &Value) -> Value {
-        let (side, k, e) = (self.config.vision.patches_per_side(), self.config.pool_kernel(), x.shape()[1]);
-        let t = side / k;
-        // Patch (ty * k + i, tx * k + j) is row ((ty * k + i) * side + tx * k + j).
-        let grid = f.reshape(x, &[t, k, t, k, e]);
-        let mut sum: Option<Value> = None;
-        for i in 0..k {
-            for j in 0..k {
-                let one = f.slice(&grid, &[0, i, 0, j, 0], &[t, i + 1, t, j + 1, e]);
-                let one = f.reshape(&one, &[t, t, e]);
-                sum = Some(match sum {
-                    Some(acc) => f.add(&acc, &one),
-                    None => one,
-                });
-            }
-        }
-        let sum = sum.expect("invariant: the kernel is at least 1x1");
-        let count = f.splat(sum.ty(), (k * k) as f64);
-        let mean = f.div(&sum, &count);
-        f.reshape(&mean, &[t * t, e])
-    }
-
     fn projector(&self, f: &mut Func, x: &Value) -> Value {
-        let pooled = self.avg_pool(f, x);
+        let pooled = avg_pool_grid(f, x, self.config.vision.patches_per_side(), self.config.pool_kernel());
         let norm = self.tower.w(f, &format!("{PROJECTOR}mm_soft_emb_norm.weight"));
         let normed = self.c.rms_norm(f, &pooled, &norm, self.config.vision.layer_norm_eps, RmsStyle::OnePlus);
         let proj = self.tower.w(f, &format!("{PROJECTOR}mm_input_projection_weight"));

@@ -14,7 +14,7 @@
 //! attend only to each other and the real rows never see them.
 
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, Type, Value};
-use mlxcel_family_common::vit::Tower;
+use mlxcel_family_common::vit::{Tower, rope, rotary_2d};
 use mlxcel_plugin_api::{
     DType, EncoderGraph, EncoderGraphRequest, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
 };
@@ -151,42 +151,6 @@ impl Emitter<'_> {
         self.tower.layer_norm(f, x, name)
     }
 
-    /// cos and sin `[B, head_dim]`: per row, `pos_h * inv_freq` then `pos_w * inv_freq`,
-    /// the pair duplicated over both halves.
-    fn rotary(&self, f: &mut Func, positions: &Value) -> (Value, Value) {
-        let v = &self.config.vision;
-        let n = positions.shape()[0];
-        let spatial = v.head_dim() / 2;
-        // torch: 1 / (theta ** (arange(0, spatial, 2) / spatial)) in f32.
-        let theta = v.rope_theta as f32;
-        let inv: Vec<f32> = (0..spatial / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / spatial as f32)).collect();
-        let k = inv.len();
-        let inv = f.constant_f32(&[k], &inv);
-        let ib = f.broadcast(&inv, &[n, 2, k], &[2]);
-        let p = f.convert(positions, Elem::F32);
-        let pb = f.broadcast(&p, &[n, 2, k], &[0, 1]);
-        let freqs = f.mul(&pb, &ib);
-        let freqs = f.reshape(&freqs, &[n, 2 * k]);
-        let freqs = f.concat(&[freqs.clone(), freqs], 1);
-        (f.cos(&freqs), f.sin(&freqs))
-    }
-
-    /// `x * cos + rotate_half(x) * sin` for `x [B, heads, D]`.
-    fn rope(&self, f: &mut Func, x: &Value, cos: &Value, sin: &Value) -> Value {
-        let s = x.shape().to_vec();
-        let (n, h, d) = (s[0], s[1], s[2]);
-        let half = d / 2;
-        let x1 = f.slice(x, &[0, 0, 0], &[n, h, half]);
-        let x2 = f.slice(x, &[0, 0, half], &[n, h, d]);
-        let nx2 = f.neg(&x2);
-        let rot = f.concat(&[nx2, x1], 2);
-        let cb = f.broadcast(cos, &s, &[0, 2]);
-        let sb = f.broadcast(sin, &s, &[0, 2]);
-        let a = f.mul(x, &cb);
-        let r = f.mul(&rot, &sb);
-        f.add(&a, &r)
-    }
-
     /// The additive mask `[B, B]`: 0 where two rows share an image, negative infinity elsewhere.
     /// A row's image is the count of image starts at or before it (doubled, plus one for real
     /// rows), so padding rows never match real ones.
@@ -228,8 +192,8 @@ impl Emitter<'_> {
             f.reshape(&s, &[n, heads, d])
         };
         let (q, k, val) = (part(f, 0), part(f, 1), part(f, 2));
-        let q = self.rope(f, &q, cos, sin);
-        let k = self.rope(f, &k, cos, sin);
+        let q = rope(f, &q, cos, sin);
+        let k = rope(f, &k, cos, sin);
         // scores [heads, B, B]
         let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
         let scale = f.splat(scores.ty(), 1.0 / (d as f64).sqrt());
@@ -278,7 +242,7 @@ pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_em
     let kernel = e.w(f, "patch_embed.proj.weight");
     let kernel = f.reshape(&kernel, &[v.embed_dim, width]);
     let mut x = e.c.linear(f, &a[0], &kernel, None);
-    let (cos, sin) = e.rotary(f, &a[1]);
+    let (cos, sin) = rotary_2d(f, &a[1], v.head_dim(), v.rope_theta);
     let mask = e.mask(f, &a[2]);
     for i in 0..v.depth {
         let h = e.layer_norm(f, &x, &format!("blocks.{i}.norm1"));
@@ -290,11 +254,9 @@ pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_em
         let h = e.linear(f, &h, &format!("blocks.{i}.mlp.fc2"));
         x = f.add(&x, &h);
     }
-    let h = e.layer_norm(f, &x, "merger.ln_q");
-    let h = f.reshape(&h, &[n / v.merge_area(), v.embed_dim * v.merge_area()]);
-    let h = e.linear(f, &h, "merger.mlp.0");
-    let h = e.c.gelu_erf(f, &h);
-    let out = e.linear(f, &h, "merger.mlp.2");
+    let norm = |f: &mut Func, x: &Value| e.layer_norm(f, x, "merger.ln_q");
+    let gelu = |f: &mut Func, x: &Value| e.c.gelu_erf(f, x);
+    let out = e.tower.patch_merger(f, &x, v.merge_area(), norm, ["merger.mlp.0", "merger.mlp.2"], gelu);
     m.add_func(func, &[out]);
     m.finish()
 }
