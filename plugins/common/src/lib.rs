@@ -5,6 +5,7 @@
 //!   normalise (transformers' PIL backend);
 //! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify;
 //! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop;
+//! - [`config`]: the processor config's section, nested or flat, into a family's serde mirror;
 //! - [`vit`]: the vision-tower blocks of the encoder graphs (weights by logical name, linears,
 //!   layer norms, the pre-norm SigLIP/CLIP encoder layer, the patch merger, 2-D rotary
 //!   embedding, the patch-grid average pool).
@@ -12,10 +13,12 @@
 #![forbid(unsafe_code)]
 
 pub mod clip;
+pub mod config;
 pub mod image;
 pub mod patches;
 pub mod vit;
 
 pub use clip::{ShortestEdgeError, center_crop, shortest_edge_size};
+pub use config::{Identity, PerChannel, Steps, processor_section};
 pub use image::{Image, ImageError, Normalize, Resample, png_dimensions};
 pub use patches::{PatchGrid, Patchify, ResizeError, smart_resize};

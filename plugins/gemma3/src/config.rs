@@ -7,9 +7,9 @@
 //! (`preprocessor_config.json`). Absent keys take the defaults of `Gemma3Config`,
 //! `SiglipVisionConfig`, `Gemma3Processor` and `Gemma3ImageProcessor`.
 
+use mlxcel_family_common::{Identity, Steps, processor_section};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// transformers' `IMAGENET_STANDARD_MEAN` and `_STD` (Gemma3ImageProcessor's defaults).
 const STANDARD_MEAN: [f64; 3] = [0.5, 0.5, 0.5];
@@ -109,81 +109,95 @@ fn unsupported(message: impl Into<String>) -> PluginError {
     PluginError::unsupported(message)
 }
 
-/// A non-negative integer at `key`, `default` when absent or null.
-fn uint(v: &Value, key: &str, default: u64, what: &str) -> Result<u64, PluginError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(x) => x.as_u64().ok_or_else(|| invalid(format!("{what}.{key}: not a non-negative integer: {x}"))),
-    }
+/// `config.json`. Each token id under the config's own name (`image_token_index`) or its
+/// attribute alias (`image_token_id`); absent or null fields take transformers' defaults.
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(flatten)]
+    identity: Identity,
+    text_config: Option<RawText>,
+    mm_tokens_per_image: Option<u32>,
+    image_token_index: Option<u32>,
+    image_token_id: Option<u32>,
+    boi_token_index: Option<u32>,
+    boi_token_id: Option<u32>,
+    eoi_token_index: Option<u32>,
+    eoi_token_id: Option<u32>,
+    vision_config: Option<RawVision>,
 }
 
-fn small(x: u64, what: &str) -> Result<u32, PluginError> {
-    u32::try_from(x).map_err(|_| invalid(format!("{what} {x} does not fit u32")))
+#[derive(Deserialize)]
+struct RawText {
+    hidden_size: Option<u32>,
 }
 
-fn triple(v: Option<&Value>, default: [f64; 3], what: &str) -> Result<[f32; 3], PluginError> {
-    let v = match v {
-        None | Some(Value::Null) => return Ok(default.map(|x| x as f32)),
-        Some(v) => v,
-    };
-    if let Some(x) = v.as_f64() {
-        return Ok([x as f32; 3]);
-    }
-    let values: Option<Vec<f32>> = v.as_array().map(|a| a.iter().filter_map(Value::as_f64).map(|x| x as f32).collect());
-    match values {
-        Some(values) if values.len() == 3 => Ok([values[0], values[1], values[2]]),
-        _ => Err(invalid(format!("{what}: expected three numbers, got {v}"))),
-    }
+/// `vision_config`, with `SiglipVisionConfig`'s defaults for what is absent.
+#[derive(Deserialize)]
+struct RawVision {
+    model_type: Option<String>,
+    hidden_act: Option<String>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_channels: Option<usize>,
+    image_size: Option<usize>,
+    patch_size: Option<usize>,
+    layer_norm_eps: Option<f64>,
+}
+
+/// `processor_config.json`'s own fields, beside its `image_processor`.
+#[derive(Deserialize, Default)]
+struct RawProcessorRoot {
+    image_seq_length: Option<u64>,
+}
+
+/// The image processor's fields.
+#[derive(Deserialize, Default)]
+struct RawProcessor {
+    do_pan_and_scan: Option<bool>,
+    image_processor_type: Option<String>,
+    size: Option<RawSize>,
+    resample: Option<u32>,
+    #[serde(flatten)]
+    steps: Steps,
+}
+
+#[derive(Deserialize, Debug)]
+struct RawSize {
+    height: Option<u32>,
+    width: Option<u32>,
 }
 
 impl Gemma3Config {
     /// Parses `config.json` and the processor config (empty: the processor's defaults).
     pub fn parse(config_json: &str, processor_json: &str) -> Result<Self, PluginError> {
-        let root: Value = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
-        let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let architecture = root.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
-        let architecture = architecture.unwrap_or_default().to_owned();
-        let text = root.get("text_config").ok_or_else(|| invalid("config.json: no text_config"))?;
-        let hidden = text.get("hidden_size").and_then(Value::as_u64);
-        let text_hidden_size =
-            small(hidden.ok_or_else(|| invalid("config.json: no text_config.hidden_size"))?, "hidden_size")?;
-        // `image_token_index` is the config's own name; `image_token_id` its attribute alias.
-        let token = |names: [&str; 2], default: u64| -> Result<u32, PluginError> {
-            match names.iter().find_map(|k| root.get(*k).filter(|v| !v.is_null())) {
-                None => small(default, names[0]),
-                Some(v) => small(
-                    v.as_u64().ok_or_else(|| invalid(format!("config.json: {} is not an id: {v}", names[0])))?,
-                    names[0],
-                ),
-            }
-        };
-        let mm_tokens_per_image =
-            small(uint(&root, "mm_tokens_per_image", 256, "config.json")?, "mm_tokens_per_image")?;
+        let raw: RawConfig = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
+        let text = raw.text_config.as_ref().ok_or_else(|| invalid("config.json: no text_config"))?;
+        let text_hidden_size = text.hidden_size.ok_or_else(|| invalid("config.json: no text_config.hidden_size"))?;
+        let mm_tokens_per_image = raw.mm_tokens_per_image.unwrap_or(256);
 
-        let v = root.get("vision_config").ok_or_else(|| invalid("config.json: no vision_config"))?;
-        let what = "vision_config";
-        if let Some(kind) = v.get("model_type").and_then(Value::as_str)
+        let v = raw.vision_config.as_ref().ok_or_else(|| invalid("config.json: no vision_config"))?;
+        if let Some(kind) = v.model_type.as_deref()
             && kind != "siglip_vision_model"
         {
             return Err(unsupported(format!("vision_config.model_type `{kind}` (gemma3 takes a siglip_vision_model)")));
         }
-        let act = v.get("hidden_act").and_then(Value::as_str).unwrap_or("gelu_pytorch_tanh");
+        let act = v.hidden_act.as_deref().unwrap_or("gelu_pytorch_tanh");
         if act != "gelu_pytorch_tanh" {
             return Err(unsupported(format!(
                 "vision_config.hidden_act `{act}` (the tower is built for gelu_pytorch_tanh)"
             )));
         }
-        let size =
-            |key: &str, default: u64| -> Result<usize, PluginError> { Ok(uint(v, key, default, what)? as usize) };
         let vision = VisionConfig {
-            hidden_size: size("hidden_size", 768)?,
-            intermediate_size: size("intermediate_size", 3072)?,
-            num_hidden_layers: size("num_hidden_layers", 12)?,
-            num_attention_heads: size("num_attention_heads", 12)?,
-            num_channels: size("num_channels", 3)?,
-            image_size: size("image_size", 224)?,
-            patch_size: size("patch_size", 16)?,
-            layer_norm_eps: v.get("layer_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6),
+            hidden_size: v.hidden_size.unwrap_or(768),
+            intermediate_size: v.intermediate_size.unwrap_or(3072),
+            num_hidden_layers: v.num_hidden_layers.unwrap_or(12),
+            num_attention_heads: v.num_attention_heads.unwrap_or(12),
+            num_channels: v.num_channels.unwrap_or(3),
+            image_size: v.image_size.unwrap_or(224),
+            patch_size: v.patch_size.unwrap_or(16),
+            layer_norm_eps: v.layer_norm_eps.unwrap_or(1e-6),
         };
         if vision.num_attention_heads == 0 || !vision.hidden_size.is_multiple_of(vision.num_attention_heads) {
             return Err(invalid(format!(
@@ -202,13 +216,13 @@ impl Gemma3Config {
         }
 
         let config = Self {
-            model_type,
-            architecture,
+            model_type: raw.identity.model_type.clone(),
+            architecture: raw.identity.architecture(),
             text_hidden_size,
             mm_tokens_per_image,
-            image_token_id: token(["image_token_index", "image_token_id"], 262_144)?,
-            boi_token_id: token(["boi_token_index", "boi_token_id"], 255_999)?,
-            eoi_token_id: token(["eoi_token_index", "eoi_token_id"], 256_000)?,
+            image_token_id: raw.image_token_index.or(raw.image_token_id).unwrap_or(262_144),
+            boi_token_id: raw.boi_token_index.or(raw.boi_token_id).unwrap_or(255_999),
+            eoi_token_id: raw.eoi_token_index.or(raw.eoi_token_id).unwrap_or(256_000),
             processor: ProcessorConfig::parse(processor_json, &vision, mm_tokens_per_image)?,
             vision,
         };
@@ -227,50 +241,40 @@ impl Gemma3Config {
 
 impl ProcessorConfig {
     fn parse(json: &str, vision: &VisionConfig, mm_tokens_per_image: u32) -> Result<Self, PluginError> {
-        let root: Value = if json.trim().is_empty() {
-            Value::Object(Default::default())
-        } else {
-            serde_json::from_str(json).map_err(|e| invalid(format!("processor config: {e}")))?
-        };
-        let p = root.get("image_processor").unwrap_or(&root);
         let what = "processor config";
-        let flag = |key: &str, default: bool| match p.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(invalid(format!("{what}: {key} is not a boolean: {other}"))),
+        let read = |e: serde_json::Error| invalid(format!("{what}: {e}"));
+        let p: RawProcessor = processor_section(json).map_err(read)?;
+        let root: RawProcessorRoot = if json.trim().is_empty() {
+            RawProcessorRoot::default()
+        } else {
+            serde_json::from_str(json).map_err(read)?
         };
-        if flag("do_pan_and_scan", false)? {
+        if p.do_pan_and_scan == Some(true) {
             return Err(unsupported(
                 "do_pan_and_scan: true (pan-and-scan crops are not implemented; set it to false in the processor config)",
             ));
         }
-        if let Some(kind) = p.get("image_processor_type").and_then(Value::as_str)
+        if let Some(kind) = p.image_processor_type.as_deref()
             && !kind.starts_with("Gemma3ImageProcessor")
         {
             return Err(unsupported(format!("image_processor_type `{kind}` (gemma3 takes Gemma3ImageProcessor)")));
         }
         // Gemma3Processor expands each image to `image_seq_length` soft tokens; the projector makes
         // `mm_tokens_per_image` rows. They must agree or the reference itself refuses the prompt.
-        let seq = uint(&root, "image_seq_length", u64::from(mm_tokens_per_image), what)?;
+        let seq = root.image_seq_length.unwrap_or(u64::from(mm_tokens_per_image));
         if seq != u64::from(mm_tokens_per_image) {
             return Err(invalid(format!(
                 "{what}: image_seq_length {seq} differs from config.json's mm_tokens_per_image {mm_tokens_per_image}"
             )));
         }
         let edge = vision.image_size as u64;
-        let size = match p.get("size") {
-            None | Some(Value::Null) => (224, 224),
-            Some(s) => {
-                let h = s.get("height").and_then(Value::as_u64);
-                let w = s.get("width").and_then(Value::as_u64);
-                match (h, w) {
-                    (Some(h), Some(w)) => (small(h, "size.height")?, small(w, "size.width")?),
-                    _ => {
-                        return Err(unsupported(format!(
-                            "{what}: size {s} (gemma3 resizes to a fixed height and width)"
-                        )));
-                    }
-                }
+        let size = match &p.size {
+            None => (224, 224),
+            Some(RawSize { height: Some(h), width: Some(w) }) => (*h, *w),
+            Some(other) => {
+                return Err(unsupported(format!(
+                    "{what}: size {other:?} (gemma3 resizes to a fixed height and width)"
+                )));
             }
         };
         if u64::from(size.0) != edge || u64::from(size.1) != edge {
@@ -279,15 +283,12 @@ impl ProcessorConfig {
                 size.1, size.0
             )));
         }
-        let rescale = p.get("rescale_factor").and_then(Value::as_f64).unwrap_or(1.0 / 255.0);
-        let mean = triple(p.get("image_mean"), STANDARD_MEAN, "image_mean")?;
-        let std = triple(p.get("image_std"), STANDARD_STD, "image_std")?;
         Ok(Self {
             size,
-            resample: small(uint(p, "resample", u64::from(PIL_BILINEAR), what)?, "resample")?,
-            do_resize: flag("do_resize", true)?,
-            rescale_factor: flag("do_rescale", true)?.then_some(rescale),
-            mean_std: flag("do_normalize", true)?.then_some((mean, std)),
+            resample: p.resample.unwrap_or(PIL_BILINEAR),
+            do_resize: p.steps.resize(),
+            rescale_factor: p.steps.rescale(),
+            mean_std: p.steps.normalize(STANDARD_MEAN, STANDARD_STD),
         })
     }
 }

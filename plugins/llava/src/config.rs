@@ -13,17 +13,16 @@
 //! name: a tower other than CLIP, an activation the numeric contract does not define, a
 //! feature layer outside the tower, a processor that does not produce the tower's square.
 
-use mlxcel_family_common::{Resample, shortest_edge_size};
+use mlxcel_family_common::{Identity, Resample, Steps, processor_section, shortest_edge_size};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// OpenAI CLIP's mean and std as transformers writes them (Python floats, rounded to f32 by
 /// numpy when normalising).
 const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
 const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 /// `LlamaConfig().hidden_size`, for LLaVA 1.5 configs whose `text_config` leaves it out.
-const LLAMA_DEFAULT_HIDDEN: u64 = 4096;
+const LLAMA_DEFAULT_HIDDEN: u32 = 4096;
 /// The placeholder `LlavaProcessor` expands.
 const DEFAULT_IMAGE_TOKEN: &str = "<image>";
 
@@ -157,58 +156,119 @@ fn invalid(message: impl Into<String>) -> PluginError {
     PluginError::invalid(message)
 }
 
-fn opt_u64(v: &Value, key: &str, what: &str) -> Result<Option<u64>, PluginError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => x.as_u64().map(Some).ok_or_else(|| invalid(format!("{what}: not a non-negative integer: {x}"))),
-    }
+/// `config.json`; absent or null fields take `LlavaConfig`'s defaults.
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(flatten)]
+    identity: Identity,
+    text_config: Option<RawText>,
+    image_token_index: Option<u32>,
+    image_token_id: Option<u32>,
+    vision_config: Option<RawVision>,
+    vision_feature_layer: Option<OneOrMany>,
+    vision_feature_select_strategy: Option<String>,
+    projector_hidden_act: Option<String>,
+    image_seq_length: Option<u32>,
+    multimodal_projector_bias: Option<bool>,
 }
 
-fn small(x: u64, what: &str) -> Result<u32, PluginError> {
-    u32::try_from(x).map_err(|_| invalid(format!("{what} {x} does not fit u32")))
+#[derive(Deserialize)]
+struct RawText {
+    model_type: Option<String>,
+    hidden_size: Option<u32>,
 }
 
-fn triple(v: Option<&Value>, default: [f64; 3], what: &str) -> Result<[f32; 3], PluginError> {
-    let Some(v) = v else { return Ok(default.map(|x| x as f32)) };
-    let values: Option<Vec<f32>> = v.as_array().map(|a| a.iter().filter_map(Value::as_f64).map(|x| x as f32).collect());
-    match values {
-        Some(values) if values.len() == 3 => Ok([values[0], values[1], values[2]]),
-        _ => Err(invalid(format!("{what}: expected three numbers, got {v}"))),
+/// An int or a list of ints, as `vision_feature_layer` is written.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(i64),
+    Many(Vec<i64>),
+}
+
+/// `vision_config`: LlavaConfig's defaults for its CLIP sub-config (llava-1.5), then
+/// CLIPVisionConfig's.
+#[derive(Deserialize, Default)]
+struct RawVision {
+    model_type: Option<String>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    image_size: Option<usize>,
+    patch_size: Option<usize>,
+    num_channels: Option<usize>,
+    hidden_act: Option<String>,
+    layer_norm_eps: Option<f64>,
+}
+
+/// `processor_config.json`'s `LlavaProcessor` fields, beside its `image_processor`.
+#[derive(Deserialize, Default)]
+struct RawProcessorRoot {
+    patch_size: Option<u32>,
+    num_additional_image_tokens: Option<u32>,
+    vision_feature_select_strategy: Option<String>,
+    image_token: Option<String>,
+}
+
+/// The `CLIPImageProcessor` fields.
+#[derive(Deserialize, Default)]
+struct RawProcessor {
+    size: Option<RawSize>,
+    crop_size: Option<RawSize>,
+    resample: Option<u32>,
+    do_center_crop: Option<bool>,
+    #[serde(flatten)]
+    steps: Steps,
+}
+
+/// A `size` or `crop_size` entry: a dict, or an int as older configs write it.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum RawSize {
+    Int(u32),
+    Dict { shortest_edge: Option<u32>, longest_edge: Option<u32>, height: Option<u32>, width: Option<u32> },
+}
+
+impl RawSize {
+    /// As a resize: an int is the shortest edge (`size`) or the square (`crop_size`).
+    fn resize(&self, what: &str, square_int: bool) -> Result<Resize, PluginError> {
+        match *self {
+            RawSize::Int(n) if square_int => Ok(Resize::Exact { height: n, width: n }),
+            RawSize::Int(n) => Ok(Resize::ShortestEdge { shortest: n, longest: None }),
+            RawSize::Dict { shortest_edge: Some(shortest), longest_edge, .. } => {
+                Ok(Resize::ShortestEdge { shortest, longest: longest_edge })
+            }
+            RawSize::Dict { shortest_edge: None, height: Some(height), width: Some(width), .. } => {
+                Ok(Resize::Exact { height, width })
+            }
+            RawSize::Dict { .. } => {
+                Err(PluginError::unsupported(format!("{what} {self:?}: expected shortest_edge, or height and width")))
+            }
+        }
     }
 }
 
 impl LlavaConfig {
     /// Parses `config.json` and the processor config (empty: the processor's defaults).
     pub fn parse(config_json: &str, processor_json: &str) -> Result<Self, PluginError> {
-        let root: Value = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
-        let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let architecture = root.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
-        let architecture = architecture.unwrap_or_default().to_owned();
-
-        let text = root.get("text_config").unwrap_or(&Value::Null);
-        let text_type = text.get("model_type").and_then(Value::as_str).unwrap_or("llama");
-        let text_hidden = match text.get("hidden_size") {
-            Some(h) => h.as_u64().ok_or_else(|| invalid(format!("text_config.hidden_size: not an integer: {h}")))?,
+        let raw: RawConfig = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
+        let text_type = raw.text_config.as_ref().and_then(|t| t.model_type.as_deref()).unwrap_or("llama");
+        let text_hidden_size = match raw.text_config.as_ref().and_then(|t| t.hidden_size) {
+            Some(h) => h,
             None if text_type == "llama" => LLAMA_DEFAULT_HIDDEN,
             None => return Err(invalid(format!("config.json: text_config ({text_type}) has no hidden_size"))),
         };
-        let image_token_id = ["image_token_index", "image_token_id"]
-            .iter()
-            .find_map(|k| root.get(*k).and_then(Value::as_u64))
-            .ok_or_else(|| invalid("config.json: no image_token_index"))?;
+        let image_token_id =
+            raw.image_token_index.or(raw.image_token_id).ok_or_else(|| invalid("config.json: no image_token_index"))?;
 
-        let vision = VisionConfig::parse(root.get("vision_config").unwrap_or(&Value::Null))?;
+        let vision = VisionConfig::parse(raw.vision_config.as_ref().unwrap_or(&RawVision::default()))?;
         let states = vision.num_layers + 1;
-        let layers: Vec<i64> = match root.get("vision_feature_layer") {
-            None | Some(Value::Null) => vec![-2],
-            Some(Value::Array(a)) if !a.is_empty() => a
-                .iter()
-                .map(|x| x.as_i64().ok_or_else(|| invalid(format!("vision_feature_layer: not an integer: {x}"))))
-                .collect::<Result<_, _>>()?,
-            Some(x) => vec![
-                x.as_i64()
-                    .ok_or_else(|| invalid(format!("vision_feature_layer: not an integer or a list of them: {x}")))?,
-            ],
+        let layers = match &raw.vision_feature_layer {
+            None => vec![-2],
+            Some(OneOrMany::One(l)) => vec![*l],
+            Some(OneOrMany::Many(ls)) if !ls.is_empty() => ls.clone(),
+            Some(OneOrMany::Many(_)) => return Err(invalid("vision_feature_layer: an empty list")),
         };
         let feature_layers = layers
             .iter()
@@ -227,7 +287,7 @@ impl LlavaConfig {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let select = match root.get("vision_feature_select_strategy").and_then(Value::as_str).unwrap_or("default") {
+        let select = match raw.vision_feature_select_strategy.as_deref().unwrap_or("default") {
             "default" => SelectStrategy::Default,
             "full" => SelectStrategy::Full,
             other => {
@@ -236,13 +296,8 @@ impl LlavaConfig {
                 )));
             }
         };
-        let projector_act = Act::parse(
-            root.get("projector_hidden_act").and_then(Value::as_str).unwrap_or("gelu"),
-            "projector_hidden_act",
-        )?;
-        let image_seq_length =
-            root.get("image_seq_length").and_then(Value::as_u64).map(|n| small(n, "image_seq_length")).transpose()?;
-        if let Some(n) = image_seq_length
+        let projector_act = Act::parse(raw.projector_hidden_act.as_deref().unwrap_or("gelu"), "projector_hidden_act")?;
+        if let Some(n) = raw.image_seq_length
             && n as usize != vision.patches()
         {
             return Err(invalid(format!(
@@ -268,7 +323,7 @@ impl LlavaConfig {
                 "the processor counts {n} additional image tokens; a CLIP tower has one (its class token)"
             )));
         }
-        if let Some(s) = fields.select.as_deref() {
+        if let Some(s) = fields.vision_feature_select_strategy.as_deref() {
             let ours = match select {
                 SelectStrategy::Default => "default",
                 SelectStrategy::Full => "full",
@@ -281,16 +336,16 @@ impl LlavaConfig {
         }
 
         Ok(Self {
-            model_type,
-            architecture,
-            text_hidden_size: small(text_hidden, "text_config.hidden_size")?,
-            image_token_id: small(image_token_id, "image_token_index")?,
+            model_type: raw.identity.model_type.clone(),
+            architecture: raw.identity.architecture(),
+            text_hidden_size,
+            image_token_id,
             image_token: fields.image_token.unwrap_or_else(|| DEFAULT_IMAGE_TOKEN.to_owned()),
-            image_seq_length,
+            image_seq_length: raw.image_seq_length,
             feature_layers,
             select,
             projector_act,
-            projector_bias: root.get("multimodal_projector_bias").and_then(Value::as_bool).unwrap_or(true),
+            projector_bias: raw.multimodal_projector_bias.unwrap_or(true),
             vision,
             processor,
         })
@@ -313,30 +368,23 @@ impl LlavaConfig {
 }
 
 impl VisionConfig {
-    fn parse(v: &Value) -> Result<Self, PluginError> {
-        let vision_type = v.get("model_type").and_then(Value::as_str).unwrap_or("clip_vision_model");
+    fn parse(v: &RawVision) -> Result<Self, PluginError> {
+        let vision_type = v.model_type.as_deref().unwrap_or("clip_vision_model");
         if vision_type != "clip_vision_model" {
             return Err(PluginError::unsupported(format!(
                 "vision_config.model_type `{vision_type}`: the llava plugin runs CLIP towers (clip_vision_model)"
             )));
         }
-        // LlavaConfig's defaults for its CLIP sub-config (llava-1.5), then CLIPVisionConfig's.
-        let size = |key: &str, default: u64| -> Result<usize, PluginError> {
-            Ok(opt_u64(v, key, &format!("vision_config.{key}"))?.unwrap_or(default) as usize)
-        };
         let config = Self {
-            hidden_size: size("hidden_size", 1024)?,
-            intermediate_size: size("intermediate_size", 4096)?,
-            num_layers: size("num_hidden_layers", 24)?,
-            num_heads: size("num_attention_heads", 16)?,
-            image_size: size("image_size", 336)?,
-            patch_size: size("patch_size", 14)?,
-            num_channels: size("num_channels", 3)?,
-            act: Act::parse(
-                v.get("hidden_act").and_then(Value::as_str).unwrap_or("quick_gelu"),
-                "vision_config.hidden_act",
-            )?,
-            layer_norm_eps: v.get("layer_norm_eps").and_then(Value::as_f64).unwrap_or(1e-5),
+            hidden_size: v.hidden_size.unwrap_or(1024),
+            intermediate_size: v.intermediate_size.unwrap_or(4096),
+            num_layers: v.num_hidden_layers.unwrap_or(24),
+            num_heads: v.num_attention_heads.unwrap_or(16),
+            image_size: v.image_size.unwrap_or(336),
+            patch_size: v.patch_size.unwrap_or(14),
+            num_channels: v.num_channels.unwrap_or(3),
+            act: Act::parse(v.hidden_act.as_deref().unwrap_or("quick_gelu"), "vision_config.hidden_act")?,
+            layer_norm_eps: v.layer_norm_eps.unwrap_or(1e-5),
         };
         if config.num_heads == 0 || config.hidden_size == 0 || !config.hidden_size.is_multiple_of(config.num_heads) {
             return Err(invalid(format!(
@@ -363,73 +411,41 @@ impl VisionConfig {
     }
 }
 
-/// The `LlavaProcessor` fields of the processor config, checked against the model's.
-#[derive(Debug, Default)]
-struct ProcessorFields {
-    patch_size: Option<u64>,
-    num_additional_image_tokens: Option<u64>,
-    select: Option<String>,
-    image_token: Option<String>,
-}
-
-/// A `size` or `crop_size` entry: a dict, or an int as older configs write it.
-fn size_entry(v: &Value, what: &str, square_int: bool) -> Result<Resize, PluginError> {
-    if let Some(n) = v.as_u64() {
-        let n = small(n, what)?;
-        return Ok(if square_int {
-            Resize::Exact { height: n, width: n }
-        } else {
-            Resize::ShortestEdge { shortest: n, longest: None }
-        });
-    }
-    let get = |key: &str| -> Result<Option<u32>, PluginError> {
-        opt_u64(v, key, &format!("{what}.{key}"))?.map(|x| small(x, what)).transpose()
-    };
-    match (get("shortest_edge")?, get("longest_edge")?, get("height")?, get("width")?) {
-        (Some(shortest), longest, _, _) => Ok(Resize::ShortestEdge { shortest, longest }),
-        (None, _, Some(height), Some(width)) => Ok(Resize::Exact { height, width }),
-        _ => Err(PluginError::unsupported(format!("{what} {v}: expected shortest_edge, or height and width"))),
-    }
-}
-
 impl ProcessorConfig {
-    fn parse(json: &str, vision: &VisionConfig) -> Result<(Self, ProcessorFields), PluginError> {
-        let root: Value = if json.trim().is_empty() {
-            Value::Object(Default::default())
+    fn parse(json: &str, vision: &VisionConfig) -> Result<(Self, RawProcessorRoot), PluginError> {
+        let read = |e: serde_json::Error| invalid(format!("processor config: {e}"));
+        let p: RawProcessor = processor_section(json).map_err(read)?;
+        let fields: RawProcessorRoot = if json.trim().is_empty() {
+            RawProcessorRoot::default()
         } else {
-            serde_json::from_str(json).map_err(|e| invalid(format!("processor config: {e}")))?
+            serde_json::from_str(json).map_err(read)?
         };
-        let p = root.get("image_processor").unwrap_or(&root);
-        let bool_or = |key: &str, default: bool| p.get(key).and_then(Value::as_bool).unwrap_or(default);
         let side = vision.image_size as u32;
-        let resize = match p.get("size") {
-            Some(v) if !v.is_null() => size_entry(v, "size", false)?,
-            _ => Resize::ShortestEdge { shortest: side, longest: None },
+        let resize = match &p.size {
+            Some(size) => size.resize("size", false)?,
+            None => Resize::ShortestEdge { shortest: side, longest: None },
         };
-        let crop = match p.get("crop_size") {
-            Some(v) if !v.is_null() => match size_entry(v, "crop_size", true)? {
+        let crop = match &p.crop_size {
+            Some(size) => match size.resize("crop_size", true)? {
                 Resize::Exact { height, width } => (height, width),
                 Resize::ShortestEdge { .. } => {
                     return Err(PluginError::unsupported("crop_size must be height and width"));
                 }
             },
-            _ => (side, side),
+            None => (side, side),
         };
-        let resample = opt_u64(p, "resample", "resample")?.map_or(3, |r| r as u32);
+        let resample = p.resample.unwrap_or(3);
         if Resample::from_pil(resample).is_none() {
             return Err(PluginError::unsupported(format!(
                 "pil resampling filter {resample} (bilinear 2 and bicubic 3 are implemented)"
             )));
         }
-        let rescale = p.get("rescale_factor").and_then(Value::as_f64).unwrap_or(1.0 / 255.0);
-        let mean = triple(p.get("image_mean"), CLIP_MEAN, "image_mean")?;
-        let std = triple(p.get("image_std"), CLIP_STD, "image_std")?;
         let config = Self {
-            resize: bool_or("do_resize", true).then_some(resize),
+            resize: p.steps.resize().then_some(resize),
             resample,
-            crop: bool_or("do_center_crop", true).then_some(crop),
-            rescale_factor: bool_or("do_rescale", true).then_some(rescale),
-            mean_std: bool_or("do_normalize", true).then_some((mean, std)),
+            crop: p.do_center_crop.unwrap_or(true).then_some(crop),
+            rescale_factor: p.steps.rescale(),
+            mean_std: p.steps.normalize(CLIP_MEAN, CLIP_STD),
         };
         // The tower takes one square; the processor must make it for every image.
         let made = match (config.crop, config.resize) {
@@ -443,13 +459,6 @@ impl ProcessorConfig {
                 "the image processor makes {what}; the CLIP tower takes {side}x{side}"
             )));
         }
-        let text = |key: &str| root.get(key).and_then(Value::as_str).map(str::to_owned);
-        let fields = ProcessorFields {
-            patch_size: opt_u64(&root, "patch_size", "patch_size")?,
-            num_additional_image_tokens: opt_u64(&root, "num_additional_image_tokens", "num_additional_image_tokens")?,
-            select: text("vision_feature_select_strategy"),
-            image_token: text("image_token"),
-        };
         Ok((config, fields))
     }
 }

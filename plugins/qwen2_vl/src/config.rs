@@ -7,9 +7,9 @@
 //! (`preprocessor_config.json`), with the pixel bounds as `min_pixels`/`max_pixels` or
 //! `size.shortest_edge`/`size.longest_edge`.
 
+use mlxcel_family_common::{Identity, Steps, processor_section};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The processor's defaults in transformers (`Qwen2VLImageProcessor`), used for absent keys.
 const DEFAULT_MIN_PIXELS: u64 = 56 * 56;
@@ -106,88 +106,133 @@ fn invalid(message: impl Into<String>) -> PluginError {
     PluginError::invalid(message)
 }
 
-fn get<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |v, key| v.get(key))
+/// `config.json` as transformers writes it: the text fields under `text_config`
+/// (transformers 5) or at the top (4.x), the special tokens at either level.
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(flatten)]
+    identity: Identity,
+    text_config: Option<RawText>,
+    #[serde(flatten)]
+    top: RawText,
+    vision_config: Option<RawVision>,
 }
 
-fn req_u64(v: &Value, path: &[&str], what: &str) -> Result<u64, PluginError> {
-    get(v, path).and_then(Value::as_u64).ok_or_else(|| invalid(format!("{what}: missing or not an integer")))
+#[derive(Deserialize)]
+struct RawText {
+    hidden_size: Option<u32>,
+    rope_parameters: Option<RawRope>,
+    rope_scaling: Option<RawRope>,
+    image_token_id: Option<u32>,
+    video_token_id: Option<u32>,
+    vision_start_token_id: Option<u32>,
+    vision_end_token_id: Option<u32>,
 }
 
-fn opt_u64(v: &Value, path: &[&str], what: &str) -> Result<Option<u64>, PluginError> {
-    match get(v, path) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => x.as_u64().map(Some).ok_or_else(|| invalid(format!("{what}: not a non-negative integer: {x}"))),
-    }
+#[derive(Deserialize)]
+struct RawRope {
+    mrope_section: Option<Vec<u32>>,
+    rope_theta: Option<f64>,
 }
 
-fn small(x: u64, what: &str) -> Result<u32, PluginError> {
-    u32::try_from(x).map_err(|_| invalid(format!("{what} {x} does not fit u32")))
+#[derive(Deserialize)]
+struct RawVision {
+    depth: usize,
+    embed_dim: usize,
+    hidden_size: Option<usize>,
+    num_heads: usize,
+    #[serde(default = "default_mlp_ratio")]
+    mlp_ratio: f64,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+    #[serde(default = "default_channels")]
+    in_channels: usize,
+    patch_size: usize,
+    spatial_merge_size: usize,
+    temporal_patch_size: usize,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<RawRope>,
 }
 
-fn triple(v: Option<&Value>, default: [f64; 3], what: &str) -> Result<[f32; 3], PluginError> {
-    let Some(v) = v else { return Ok(default.map(|x| x as f32)) };
-    let values: Option<Vec<f32>> = v.as_array().map(|a| a.iter().filter_map(Value::as_f64).map(|x| x as f32).collect());
-    match values {
-        Some(values) if values.len() == 3 => Ok([values[0], values[1], values[2]]),
-        _ => Err(invalid(format!("{what}: expected three numbers, got {v}"))),
-    }
+fn default_mlp_ratio() -> f64 {
+    4.0
+}
+
+fn default_act() -> String {
+    "quick_gelu".into()
+}
+
+fn default_channels() -> usize {
+    3
+}
+
+/// The image processor config; the pixel bounds as `min_pixels`/`max_pixels` or
+/// `size.shortest_edge`/`size.longest_edge`.
+#[derive(Deserialize, Default)]
+struct RawProcessor {
+    min_pixels: Option<u64>,
+    max_pixels: Option<u64>,
+    size: Option<RawPixelBounds>,
+    patch_size: Option<usize>,
+    merge_size: Option<usize>,
+    temporal_patch_size: Option<usize>,
+    resample: Option<u32>,
+    #[serde(flatten)]
+    steps: Steps,
+}
+
+#[derive(Deserialize, Default)]
+struct RawPixelBounds {
+    shortest_edge: Option<u64>,
+    longest_edge: Option<u64>,
 }
 
 impl Qwen2VlConfig {
     /// Parses `config.json` and the processor config (empty: the processor's defaults).
     pub fn parse(config_json: &str, processor_json: &str) -> Result<Self, PluginError> {
-        let root: Value = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
-        let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let architecture = root.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
-        let architecture = architecture.unwrap_or_default().to_owned();
-        let text = root.get("text_config").unwrap_or(&root);
-        let hidden = text.get("hidden_size").or_else(|| root.get("hidden_size"));
-        let text_hidden_size = small(
-            hidden.and_then(Value::as_u64).ok_or_else(|| invalid("config.json: no text hidden_size"))?,
-            "hidden_size",
-        )?;
-        let rope = ["rope_parameters", "rope_scaling"]
-            .iter()
-            .find_map(|k| text.get(*k).or_else(|| root.get(*k)).filter(|v| v.get("mrope_section").is_some()))
+        let raw: RawConfig = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
+        let text = raw.text_config.as_ref();
+        // A field of the text model, under `text_config` or at the top.
+        let pick = |f: fn(&RawText) -> Option<u32>| text.and_then(f).or(f(&raw.top));
+        let text_hidden_size = pick(|t| t.hidden_size).ok_or_else(|| invalid("config.json: no text hidden_size"))?;
+        let ropes = [
+            text.and_then(|t| t.rope_parameters.as_ref()),
+            text.and_then(|t| t.rope_scaling.as_ref()),
+            raw.top.rope_parameters.as_ref(),
+            raw.top.rope_scaling.as_ref(),
+        ];
+        let mrope_section = ropes
+            .into_iter()
+            .flatten()
+            .find_map(|r| r.mrope_section.clone())
             .ok_or_else(|| invalid("config.json: no mrope_section in rope_parameters or rope_scaling"))?;
-        let mrope_section = rope
-            .get("mrope_section")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok())).collect::<Option<Vec<u32>>>())
-            .and_then(|s| s.filter(|s| s.len() == 3))
-            .ok_or_else(|| invalid("config.json: mrope_section must be three integers"))?;
-        let token = |key: &str| -> Result<u32, PluginError> {
-            let id = root.get(key).or_else(|| text.get(key)).and_then(Value::as_u64);
-            small(id.ok_or_else(|| invalid(format!("config.json: no {key}")))?, key)
+        if mrope_section.len() != 3 {
+            return Err(invalid("config.json: mrope_section must be three integers"));
+        }
+        let token = |key: &str, f: fn(&RawText) -> Option<u32>| -> Result<u32, PluginError> {
+            f(&raw.top).or_else(|| text.and_then(f)).ok_or_else(|| invalid(format!("config.json: no {key}")))
         };
 
-        let v = root.get("vision_config").ok_or_else(|| invalid("config.json: no vision_config"))?;
-        let vu = |key: &str| -> Result<usize, PluginError> {
-            Ok(req_u64(v, &[key], &format!("vision_config.{key}"))? as usize)
-        };
-        let act = match v.get("hidden_act").and_then(Value::as_str).unwrap_or("quick_gelu") {
+        let v = raw.vision_config.as_ref().ok_or_else(|| invalid("config.json: no vision_config"))?;
+        let hidden_act = match v.hidden_act.as_str() {
             "quick_gelu" => VisionAct::QuickGelu,
             "gelu" => VisionAct::Gelu,
             "gelu_pytorch_tanh" => VisionAct::GeluPytorchTanh,
             "silu" => VisionAct::Silu,
             other => return Err(PluginError::unsupported(format!("vision_config.hidden_act `{other}`"))),
         };
-        let rope_theta = get(v, &["rope_parameters", "rope_theta"])
-            .or_else(|| v.get("rope_theta"))
-            .and_then(Value::as_f64)
-            .unwrap_or(10000.0);
+        let rope_theta = v.rope_parameters.as_ref().and_then(|r| r.rope_theta).or(v.rope_theta).unwrap_or(10000.0);
         let vision = VisionConfig {
-            depth: vu("depth")?,
-            embed_dim: vu("embed_dim")?,
-            hidden_size: v.get("hidden_size").and_then(Value::as_u64).map_or(text_hidden_size as usize, |h| h as usize),
-            num_heads: vu("num_heads")?,
-            mlp_ratio: v.get("mlp_ratio").and_then(Value::as_f64).unwrap_or(4.0),
-            hidden_act: act,
-            in_channels: v.get("in_channels").and_then(Value::as_u64).unwrap_or(3) as usize,
-            patch_size: vu("patch_size")?,
-            spatial_merge_size: vu("spatial_merge_size")?,
-            temporal_patch_size: vu("temporal_patch_size")?,
+            depth: v.depth,
+            embed_dim: v.embed_dim,
+            hidden_size: v.hidden_size.unwrap_or(text_hidden_size as usize),
+            num_heads: v.num_heads,
+            mlp_ratio: v.mlp_ratio,
+            hidden_act,
+            in_channels: v.in_channels,
+            patch_size: v.patch_size,
+            spatial_merge_size: v.spatial_merge_size,
+            temporal_patch_size: v.temporal_patch_size,
             rope_theta,
         };
         if vision.num_heads == 0
@@ -211,14 +256,14 @@ impl Qwen2VlConfig {
             return Err(invalid("the processor's patch, merge or temporal size disagrees with vision_config"));
         }
         Ok(Self {
-            model_type,
-            architecture,
+            model_type: raw.identity.model_type.clone(),
+            architecture: raw.identity.architecture(),
             text_hidden_size,
             mrope_section,
-            image_token_id: token("image_token_id")?,
-            video_token_id: token("video_token_id")?,
-            vision_start_token_id: token("vision_start_token_id")?,
-            vision_end_token_id: token("vision_end_token_id")?,
+            image_token_id: token("image_token_id", |t| t.image_token_id)?,
+            video_token_id: token("video_token_id", |t| t.video_token_id)?,
+            vision_start_token_id: token("vision_start_token_id", |t| t.vision_start_token_id)?,
+            vision_end_token_id: token("vision_end_token_id", |t| t.vision_end_token_id)?,
             vision,
             processor,
         })
@@ -227,38 +272,23 @@ impl Qwen2VlConfig {
 
 impl ProcessorConfig {
     fn parse(json: &str, vision: &VisionConfig) -> Result<Self, PluginError> {
-        let root: Value = if json.trim().is_empty() {
-            Value::Object(Default::default())
-        } else {
-            serde_json::from_str(json).map_err(|e| invalid(format!("processor config: {e}")))?
-        };
-        let p = root.get("image_processor").unwrap_or(&root);
-        let bool_or = |key: &str, default: bool| p.get(key).and_then(Value::as_bool).unwrap_or(default);
-        let min_pixels = opt_u64(p, &["min_pixels"], "min_pixels")?
-            .or(opt_u64(p, &["size", "shortest_edge"], "size.shortest_edge")?)
-            .unwrap_or(DEFAULT_MIN_PIXELS);
-        let max_pixels = opt_u64(p, &["max_pixels"], "max_pixels")?
-            .or(opt_u64(p, &["size", "longest_edge"], "size.longest_edge")?)
-            .unwrap_or(DEFAULT_MAX_PIXELS);
-        let size = |key: &str, default: usize| -> Result<usize, PluginError> {
-            Ok(opt_u64(p, &[key], key)?.map_or(default, |x| x as usize))
-        };
-        let rescale = p.get("rescale_factor").and_then(Value::as_f64).unwrap_or(1.0 / 255.0);
-        let mean = triple(p.get("image_mean"), CLIP_MEAN, "image_mean")?;
-        let std = triple(p.get("image_std"), CLIP_STD, "image_std")?;
+        let p: RawProcessor = processor_section(json).map_err(|e| invalid(format!("processor config: {e}")))?;
+        let bounds = p.size.unwrap_or_default();
+        let min_pixels = p.min_pixels.or(bounds.shortest_edge).unwrap_or(DEFAULT_MIN_PIXELS);
+        let max_pixels = p.max_pixels.or(bounds.longest_edge).unwrap_or(DEFAULT_MAX_PIXELS);
         if min_pixels > max_pixels {
             return Err(invalid(format!("min_pixels {min_pixels} exceeds max_pixels {max_pixels}")));
         }
         Ok(Self {
             min_pixels,
             max_pixels,
-            patch_size: size("patch_size", vision.patch_size)?,
-            merge_size: size("merge_size", vision.spatial_merge_size)?,
-            temporal_patch_size: size("temporal_patch_size", vision.temporal_patch_size)?,
-            resample: opt_u64(p, &["resample"], "resample")?.map_or(3, |r| r as u32),
-            do_resize: bool_or("do_resize", true),
-            rescale_factor: bool_or("do_rescale", true).then_some(rescale),
-            mean_std: bool_or("do_normalize", true).then_some((mean, std)),
+            patch_size: p.patch_size.unwrap_or(vision.patch_size),
+            merge_size: p.merge_size.unwrap_or(vision.spatial_merge_size),
+            temporal_patch_size: p.temporal_patch_size.unwrap_or(vision.temporal_patch_size),
+            resample: p.resample.unwrap_or(3),
+            do_resize: p.steps.resize(),
+            rescale_factor: p.steps.rescale(),
+            mean_std: p.steps.normalize(CLIP_MEAN, CLIP_STD),
         })
     }
 }
@@ -315,5 +345,20 @@ mod tests {
         assert!(err.message.contains("mrope_section"), "{err}");
         let err = Qwen2VlConfig::parse("{", "").expect_err("refused");
         assert!(err.message.starts_with("config.json: "), "{err}");
+    }
+
+    /// A field of the wrong type is an error, not the default it would otherwise take.
+    #[test]
+    fn a_field_of_the_wrong_type_is_refused_not_defaulted() {
+        let dir = mlxcel_golden::Fixture::named("qwen2_vl").expect("fixture");
+        let config = std::fs::read_to_string(dir.dir().join("config.json")).expect("config");
+        let err = Qwen2VlConfig::parse(&config, r#"{"do_normalize": "yes"}"#).expect_err("refused");
+        assert!(err.message.contains("processor config: invalid type"), "{err}");
+        let err = Qwen2VlConfig::parse(&config, r#"{"image_mean": [0.5, 0.5]}"#).expect_err("refused");
+        assert!(err.message.contains("processor config"), "{err}");
+        let mut v: serde_json::Value = serde_json::from_str(&config).expect("json");
+        v["vision_config"]["mlp_ratio"] = "four".into();
+        let err = Qwen2VlConfig::parse(&v.to_string(), "").expect_err("refused");
+        assert!(err.message.contains("config.json: invalid type"), "{err}");
     }
 }
