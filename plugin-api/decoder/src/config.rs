@@ -185,6 +185,8 @@ pub struct TextConfig {
     /// Layers after which prepared prompts may add per-row features: layers
     /// `0..injected_layers` (the spec's).
     pub injected_layers: usize,
+    /// The final logits are `tanh(logits / c) * c` (Gemma's `final_logit_softcapping`).
+    pub final_softcap: Option<f64>,
 }
 
 /// Why a config cannot be served.
@@ -283,14 +285,19 @@ impl TextConfig {
             "gelu_pytorch_tanh" => Activation::GeluTanh,
             other => return Err(invalid(format!("activation {other:?} is not implemented (silu, gelu_pytorch_tanh)"))),
         };
-        for (name, v) in [
-            ("attn_logit_softcapping", raw.attn_logit_softcapping),
-            ("final_logit_softcapping", raw.final_logit_softcapping),
-        ] {
-            if let Some(v) = v {
-                return Err(invalid(format!("{name} = {v} is not implemented")));
-            }
+        // transformers 5.24's Gemma 3 reads this and never applies it; no spec caps scores.
+        if let Some(v) = raw.attn_logit_softcapping {
+            return Err(invalid(format!("attn_logit_softcapping = {v} is not implemented")));
         }
+        let final_softcap = match raw.final_logit_softcapping {
+            Some(c) if !preset.head.final_softcapping => {
+                return Err(invalid(format!("final_logit_softcapping = {c} is not implemented for {}", preset.name)));
+            }
+            Some(c) if !(c.is_finite() && c > 0.0) => {
+                return Err(invalid(format!("final_logit_softcapping = {c} is not a positive cap")));
+            }
+            cap => cap,
+        };
         if raw.use_bidirectional_attention {
             return Err(invalid("use_bidirectional_attention is not implemented".into()));
         }
@@ -395,6 +402,7 @@ impl TextConfig {
             rope,
             mrope,
             injected_layers: preset.injected_layers,
+            final_softcap,
             spec: preset,
         })
     }
@@ -447,5 +455,35 @@ impl TextConfig {
             _ => true,
         };
         (kv <= q || same_block) && in_window
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(model_type: &str, extra: serde_json::Value) -> String {
+        let mut v = serde_json::json!({
+            "model_type": model_type, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 8, "rope_theta": 10000.0,
+            "query_pre_attn_scalar": 4,
+        });
+        v.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        v.to_string()
+    }
+
+    #[test]
+    fn a_final_cap_is_read_where_the_spec_takes_one_and_refused_elsewhere() {
+        let cap = serde_json::json!({"final_logit_softcapping": 30.0});
+        let gemma = TextConfig::parse(&config("gemma3_text", cap.clone())).expect("gemma3_text takes a cap");
+        assert_eq!(gemma.final_softcap, Some(30.0));
+        let err = TextConfig::parse(&config("llama", cap)).expect_err("llama has no cap");
+        assert!(err.to_string().contains("final_logit_softcapping = 30 is not implemented for llama"), "{err}");
+        let zero = serde_json::json!({"final_logit_softcapping": 0.0});
+        assert!(TextConfig::parse(&config("gemma3_text", zero)).is_err(), "a zero cap divides by zero");
+        let attn = serde_json::json!({"attn_logit_softcapping": 50.0});
+        assert!(TextConfig::parse(&config("gemma3_text", attn)).is_err(), "attention capping is refused");
+        let none = serde_json::json!({"final_logit_softcapping": null});
+        assert_eq!(TextConfig::parse(&config("llama", none)).expect("a null cap is none").final_softcap, None);
     }
 }

@@ -401,10 +401,14 @@ impl Emitter<'_> {
         f.reshape(&x, &[b * t, h])
     }
 
-    /// The LM head over final-normed rows `[R, H]`: f32 logits `[R, V]`.
+    /// The LM head over final-normed rows `[R, H]`: f32 logits `[R, V]`, soft-capped in the
+    /// activation dtype when the config caps them.
     fn head(&self, f: &mut Func, x: &Value) -> Value {
         let head = f.load(&self.w.lm_head);
-        let logits = self.c.linear(f, x, &head, None);
+        let mut logits = self.c.linear(f, x, &head, None);
+        if let Some(cap) = self.cfg.final_softcap {
+            logits = self.c.softcap(f, &logits, cap);
+        }
         f.convert(&logits, Elem::F32)
     }
 

@@ -28,7 +28,7 @@ pub fn llama() -> DecoderSpec {
             sliding_layers: false,
         },
         mlp: Mlp::Gated,
-        head: Head { tied_by_default: false },
+        head: Head { tied_by_default: false, final_softcapping: false },
         injected_layers: 0,
     }
 }
@@ -57,7 +57,8 @@ pub fn qwen3() -> DecoderSpec {
 
 /// Gemma 3 text: sliding and global layers with their own rotary
 /// embeddings, q/k norms, sandwich norms, `(1 + w)` RMSNorm, embeddings
-/// scaled by `sqrt(hidden)`, scores by `query_pre_attn_scalar`, a tied head.
+/// scaled by `sqrt(hidden)`, scores by `query_pre_attn_scalar`, a tied head,
+/// the final logits soft-capped when the config gives a cap.
 pub fn gemma3_text() -> DecoderSpec {
     DecoderSpec {
         schema: SPEC_SCHEMA,
@@ -73,7 +74,8 @@ pub fn gemma3_text() -> DecoderSpec {
             sliding_layers: true,
         },
         mlp: Mlp::Gated,
-        head: Head { tied_by_default: true },
+        // Gemma3ForCausalLM caps the final logits when the config says so.
+        head: Head { tied_by_default: true, final_softcapping: true },
         injected_layers: 0,
     }
 }

@@ -138,6 +138,9 @@ pub struct Head {
     /// The head is the embedding table when the config's
     /// `tie_word_embeddings` does not say.
     pub tied_by_default: bool,
+    /// The config's `final_logit_softcapping`, when set, caps the logits
+    /// (`tanh(logits / c) * c`); a spec without it refuses a config that sets it.
+    pub final_softcapping: bool,
 }
 
 /// Why a spec cannot be used.

@@ -168,6 +168,15 @@ impl NumericContract {
         f.convert(&y, self.activations)
     }
 
+    /// Soft-capping, `tanh(x / cap) * cap`, in `x`'s own dtype as torch computes it on the
+    /// tensor (Gemma's final logits).
+    pub fn softcap(&self, f: &mut Func, x: &Value, cap: f64) -> Value {
+        let c = f.splat(x.ty(), cap);
+        let scaled = f.div(x, &c);
+        let t = f.tanh(&scaled);
+        f.mul(&t, &c)
+    }
+
     /// The tanh approximation of GELU (`gelu_pytorch_tanh`), in the accumulator.
     pub fn gelu_tanh(&self, f: &mut Func, x: &Value) -> Value {
         let xa = f.convert(x, self.accumulate);

@@ -22,6 +22,8 @@ mod processor;
 mod prompt;
 mod vision;
 
+use mlxcel_plugin_api::decoder::presets;
+use mlxcel_plugin_api::decoder::spec::{DecoderSpec, Head};
 use mlxcel_plugin_api::{
     Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
     MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
@@ -95,6 +97,15 @@ impl FamilyPlugin for Gemma3 {
     fn encoder_parameters(config: &Gemma3Config) -> Vec<(String, Vec<usize>)> {
         vision::parameters(config)
     }
+
+    /// The gemma3_text preset without its final-logit cap: Gemma3ForConditionalGeneration
+    /// never applies `text_config.final_logit_softcapping` (transformers 5.24; only
+    /// Gemma3ForCausalLM does), so a checkpoint that sets one is refused rather than decoded
+    /// otherwise than the reference decodes it.
+    fn decoder_spec(_config: &Gemma3Config) -> Result<Option<DecoderSpec>, PluginError> {
+        let text = presets::gemma3_text();
+        Ok(Some(DecoderSpec { head: Head { final_softcapping: false, ..text.head }, ..text }))
+    }
 }
 
 mlxcel_plugin_api::export_plugin!(Gemma3);
@@ -140,9 +151,29 @@ mod testing {
 #[cfg(test)]
 mod tests {
     use mlxcel_plugin_api::CheckpointIndex;
+    use mlxcel_plugin_api::decoder::TextConfig;
 
     use super::*;
     use crate::testing::fixture_json;
+
+    /// The family's decoder reads the fixture's text config as the preset does, and refuses a
+    /// final-logit cap the reference would not apply.
+    #[test]
+    fn the_decoder_spec_reads_the_text_config_and_refuses_a_final_cap() {
+        let (config_json, processor) = fixture_json();
+        let config = Gemma3Config::parse(&config_json, &processor).expect("parse");
+        let spec = Gemma3::decoder_spec(&config).expect("spec").expect("gemma3 brings one");
+        let text = TextConfig::parse_with(&config_json, Some(&spec)).expect("the fixture reads");
+        let preset = TextConfig::parse(&config_json).expect("the preset reads it too");
+        assert_eq!(
+            (text.hidden, text.layer_kinds.clone(), text.embed_scale),
+            (preset.hidden, preset.layer_kinds, preset.embed_scale)
+        );
+        let mut capped: serde_json::Value = serde_json::from_str(&config_json).expect("json");
+        capped["text_config"]["final_logit_softcapping"] = 30.0.into();
+        let err = TextConfig::parse_with(&capped.to_string(), Some(&spec)).expect_err("refused");
+        assert!(err.to_string().contains("final_logit_softcapping = 30"), "{err}");
+    }
 
     #[test]
     fn the_checkpoint_check_names_missing_and_misshapen_tensors() {
