@@ -29,7 +29,7 @@ const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 /// pays for itself; hoisting is off so the weights are packed per call into
 /// scratch instead of into a second resident copy at load. Without it a
 /// matmul whose left operand an earlier dispatch wrote ran at half speed:
-/// measured on the Qwen2-VL fc2 shape (1024x5120 by 5120x1280, f32, 2
+/// measured on a 2B vision tower's fc2 shape (1024x5120 by 5120x1280, f32, 2
 /// threads), the activation plus matmul took 319 ms, and 124 ms with these
 /// flags. Decoder bundles keep the defaults: packing a weight per decode step
 /// would read it twice (a 8960x1536 matvec: 3.0 ms, 9.0 ms data-tiled).
@@ -267,11 +267,13 @@ impl<'a> MediaRequest<'a> {
         let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
         let contract = self.plugin.prefill_program(&self.config, &request)?;
         contract_input(decoder, ids, &contract, self.plugin.name(), |index| {
-            let item = self
+            let (item, meta) = self
                 .items
                 .get(index)
+                .zip(self.metas.get(index))
                 .with_context(|| format!("the contract places item {index}, which the request does not have"))?;
-            encoders.encode_all(self.plugin, &self.config, Modality::Image, item)
+            // Each item through its own modality's encoder.
+            encoders.encode_all(self.plugin, &self.config, meta.modality, item)
         })
     }
 }
@@ -336,14 +338,47 @@ pub(crate) fn contract_input(
 }
 
 /// `processor_config.json` (or `preprocessor_config.json`) of a checkpoint, empty when absent.
+/// The checkpoint's processor config as one JSON object, found as transformers finds it:
+/// `processor_config.json` when it nests the image processor's fields (`image_processor`,
+/// transformers 5); otherwise the image processor's fields flat in `preprocessor_config.json`
+/// (the Hub's checkpoints) together with `processor_config.json`'s processor fields
+/// (`image_seq_length`, ...), a field the two files set to different values refused as
+/// ambiguous. Empty when neither file exists (the processor's defaults).
 pub(crate) fn processor_json(dir: &Path) -> Result<String> {
-    Ok(["processor_config.json", "preprocessor_config.json"]
-        .iter()
-        .map(|name| dir.join(name))
-        .find(|path| path.exists())
-        .map(|path| read_text(&path))
-        .transpose()?
-        .unwrap_or_default())
+    let read = |name: &str| -> Result<Option<serde_json::Map<String, serde_json::Value>>> {
+        let path = dir.join(name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        match serde_json::from_str(&read_text(&path)?) {
+            Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
+            Ok(_) => bail!("{} is not a JSON object", path.display()),
+            Err(e) => bail!("{} is not valid JSON: {e}", path.display()),
+        }
+    };
+    let processor = read("processor_config.json")?;
+    if let Some(nested) = processor.as_ref().filter(|p| p.contains_key("image_processor")) {
+        return Ok(serde_json::Value::Object(nested.clone()).to_string());
+    }
+    let merged = match (processor, read("preprocessor_config.json")?) {
+        (None, None) => return Ok(String::new()),
+        (Some(one), None) | (None, Some(one)) => one,
+        (Some(processor), Some(mut preprocessor)) => {
+            for (key, value) in processor {
+                match preprocessor.get(&key) {
+                    Some(other) if *other != value => bail!(
+                        "processor_config.json and preprocessor_config.json disagree on `{key}` ({value} and {other}); \
+                         which applies is ambiguous"
+                    ),
+                    _ => {
+                        preprocessor.insert(key, value);
+                    }
+                }
+            }
+            preprocessor
+        }
+    };
+    Ok(serde_json::Value::Object(merged).to_string())
 }
 
 pub(crate) fn read_text(path: &Path) -> Result<String> {
@@ -675,16 +710,41 @@ mod tests {
 
     #[test]
     fn a_text_scale_other_than_the_decoders_own_is_refused_naming_both() {
-        assert!(check_text_scale(8.0, 8.0, "gemma3").is_ok());
-        assert!(check_text_scale(1.0, 1.0, "qwen2-vl").is_ok());
-        let err = check_text_scale(1.0, 8.0, "gemma3").expect_err("missing scale").to_string();
+        assert!(check_text_scale(8.0, 8.0, "fam").is_ok());
+        assert!(check_text_scale(1.0, 1.0, "other").is_ok());
+        let err = check_text_scale(1.0, 8.0, "fam").expect_err("missing scale").to_string();
         assert_eq!(
             err,
-            "the gemma3 plugin's contract scales text embeddings by 1, but the checkpoint's decoder scales its token \
+            "the fam plugin's contract scales text embeddings by 1, but the checkpoint's decoder scales its token \
              embeddings by 8; they must be equal"
         );
         let err = check_text_scale(8.0, 1.0, "acme").expect_err("a scale the decoder does not have").to_string();
         assert!(err.contains("by 8, but the checkpoint's decoder scales its token embeddings by 1"), "{err}");
+    }
+
+    /// The Hub's Gemma 3 keeps the image processor in `preprocessor_config.json` and only the
+    /// processor's own fields in `processor_config.json`; both are read.
+    #[test]
+    fn the_processor_config_is_found_nested_or_split_over_both_files() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let write = |name: &str, json: &str| std::fs::write(dir.path().join(name), json).expect("write");
+        assert_eq!(processor_json(dir.path()).expect("none"), "");
+        write("processor_config.json", r#"{"image_seq_length": 256, "processor_class": "Gemma3Processor"}"#);
+        write("preprocessor_config.json", r#"{"size": {"height": 896, "width": 896}, "image_seq_length": 256}"#);
+        let merged: serde_json::Value =
+            serde_json::from_str(&processor_json(dir.path()).expect("split")).expect("json");
+        assert_eq!((merged["size"]["height"].as_u64(), merged["image_seq_length"].as_u64()), (Some(896), Some(256)));
+        write("preprocessor_config.json", r#"{"image_seq_length": 64}"#);
+        let err = processor_json(dir.path()).expect_err("disagreeing files").to_string();
+        assert!(err.contains("disagree on `image_seq_length`"), "{err}");
+        write("processor_config.json", r#"{"image_processor": {"resample": 2}}"#);
+        let nested: serde_json::Value =
+            serde_json::from_str(&processor_json(dir.path()).expect("nested")).expect("json");
+        assert_eq!(
+            nested,
+            serde_json::json!({"image_processor": {"resample": 2}}),
+            "transformers 5's nested form wins"
+        );
     }
 
     #[test]

@@ -333,7 +333,7 @@ impl Decoder {
     }
 
     /// The factor the token paths (`prefill_tokens`, `decode`) apply to embedding rows before
-    /// the first layer: the family's embedding scale (Gemma's `sqrt(hidden)` in f32), 1.0 when
+    /// the first layer: the spec's embedding scale (`sqrt(hidden)` in f32, for one), 1.0 when
     /// the family has none. A caller that prefills from [`Decoder::embed`]'s rows applies it
     /// with [`Decoder::scale_embeddings`].
     pub fn embed_scale(&self) -> f32 {
@@ -441,7 +441,7 @@ impl Decoder {
     /// its layer kind allows (causal; within the window for sliding layers).
     /// Padding and idle rows see like real ones; their outputs are unused.
     /// Rows inside one of `blocks` also see every row of their block
-    /// (Gemma3's bidirectional image tokens), in every layer kind.
+    /// (a contract's bidirectional image tokens), in every layer kind.
     fn masks(&self, queries: &[usize], blocks: &[Range<usize>]) -> Result<HostTensor, DecoderError> {
         let capacity = self.options.shape.rows();
         let kinds = self.config.kinds();
@@ -670,8 +670,8 @@ enum Prefill<'a> {
 /// What a prepared prompt may carry besides embeddings and positions.
 #[derive(Clone, Debug, Default)]
 pub struct Extras {
-    /// Row ranges whose rows see each other in both directions (Gemma3's
-    /// image tokens). Each must lie inside one prefill chunk.
+    /// Row ranges whose rows see each other in both directions (a contract's
+    /// bidirectional image tokens). Each must lie inside one prefill chunk.
     pub bidirectional: Vec<Range<usize>>,
     /// Per injected layer, `[n, hidden]` added to the hidden state after
     /// that layer (zeros on rows without features). Empty, or exactly the

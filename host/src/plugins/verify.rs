@@ -397,8 +397,8 @@ impl<'a> Kit<'a> {
     /// The prefill chunk for the decoder: the smallest multiple of [`CHUNK`] that holds the
     /// largest bidirectional block of any variant's contract. The decoder prefills a block's
     /// rows in one call (they must see each other) and refuses a block longer than its chunk, so
-    /// a fixed 32 would fail a family whose image blocks are longer (Gemma3's hub checkpoints
-    /// have 256 soft tokens per image) at the logits stage for the kit's reason, not the
+    /// a fixed 32 would fail a family whose image blocks are longer (256 soft tokens per image
+    /// in one hub checkpoint) at the logits stage for the kit's reason, not the
     /// plugin's. Variants whose media or contract fail here are left to their own stages.
     fn decoder_chunk(&self, goldens: &[Golden]) -> usize {
         let mut largest = 0usize;
@@ -1027,8 +1027,7 @@ mod tests {
 
     #[test]
     fn the_decoder_chunk_holds_the_largest_bidirectional_block() {
-        // No blocks or the fixture's 16-row image blocks keep 32; Gemma3's hub checkpoints (256
-        // soft tokens per image) need 256.
+        // No blocks or a fixture's 16-row image blocks keep 32; 256-row blocks need 256.
         let chunks: Vec<usize> = [0, 16, 32, 33, 256].map(chunk_holding).to_vec();
         assert_eq!(chunks, [32, 32, 32, 64, 256]);
     }

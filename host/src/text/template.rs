@@ -54,14 +54,17 @@ pub struct ChatTemplate {
 const NAME: &str = "chat_template";
 
 impl ChatTemplate {
-    /// The template of the checkpoint at `dir`: `chat_template.jinja` when
-    /// present (transformers 4.43+ writes it there), else the
-    /// `chat_template` of `tokenizer_config.json`.
+    /// The template of the checkpoint at `dir`, where transformers looks for it, in its
+    /// order: `chat_template.jinja` (what transformers 5 writes), the processor's legacy
+    /// `chat_template.json` (`{"chat_template": ...}`, vision-language checkpoints on the Hub),
+    /// then the `chat_template` of `tokenizer_config.json`.
     pub fn load(dir: &Path) -> Result<Self, TextError> {
         let config = read_json_if_present(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
         let jinja = dir.join("chat_template.jinja");
         let source = if jinja.is_file() {
             std::fs::read_to_string(&jinja).map_err(|source| TextError::Io { path: jinja, source })?
+        } else if let Some(processor) = read_json_if_present(&dir.join("chat_template.json"))? {
+            config_template(&processor).ok_or(TextError::NoChatTemplate)?
         } else {
             config_template(&config).ok_or(TextError::NoChatTemplate)?
         };
@@ -164,7 +167,7 @@ fn python_formatter(out: &mut minijinja::Output, state: &minijinja::State, value
 }
 
 /// `strftime_now(format)`: the current UTC date and time, with the format
-/// codes chat templates use (Llama 3.x writes today's date with `%d %b %Y`).
+/// codes chat templates use (some write today's date with `%d %b %Y`).
 fn strftime_now(format: String) -> Result<Value, Error> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -441,5 +444,20 @@ mod tests {
         assert_eq!(config_template(&named).as_deref(), Some("d"));
         assert_eq!(config_template(&serde_json::json!({"chat_template": "x"})).as_deref(), Some("x"));
         assert_eq!(config_template(&serde_json::json!({})), None);
+    }
+
+    /// transformers' order: `chat_template.jinja`, the processor's `chat_template.json`, the
+    /// tokenizer config's `chat_template`.
+    #[test]
+    fn the_template_is_found_where_transformers_looks_in_its_order() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        let rendered = || ChatTemplate::load(dir.path()).expect("loads").render(&[], false).expect("renders");
+        write("tokenizer_config.json", r#"{"chat_template": "from the tokenizer config"}"#);
+        assert_eq!(rendered(), "from the tokenizer config");
+        write("chat_template.json", r#"{"chat_template": "from chat_template.json"}"#);
+        assert_eq!(rendered(), "from chat_template.json");
+        write("chat_template.jinja", "from the jinja file");
+        assert_eq!(rendered(), "from the jinja file");
     }
 }

@@ -271,6 +271,16 @@ fn gemma3_text_matches_transformers() {
     check_parity("gemma3_text", &["short", "long"], From::Tokens);
 }
 
+/// The Hub's form of each text fixture (`tools/oracle/gen_hub.py`: legacy `rope_theta` and
+/// `rope_scaling`, no `layer_types`, Gemma 3's `sliding_window_pattern` and
+/// `rope_local_base_freq`) decodes to the same goldens as the form transformers 5 writes.
+#[test]
+fn hub_form_text_checkpoints_match_transformers() {
+    for name in ["llama_hub", "qwen2_hub", "qwen3_hub", "gemma3_text_hub"] {
+        check_parity(name, &["short", "long"], From::Tokens);
+    }
+}
+
 /// Gemma3ForCausalLM's final-logit soft-capping: with a cap of 1.0 every logit bends (by up to
 /// 4.2 on these prompts), so an uncapped head fails this at the first row.
 #[test]

@@ -67,11 +67,14 @@ pub struct Rope {
     pub scaling: RopeScaling,
 }
 
-/// `rope_parameters` (transformers 5), flat or keyed by layer type.
+/// `rope_parameters` (transformers 5), flat or keyed by layer type, or the legacy
+/// `rope_scaling` (which spells the type `type`, and Qwen2-VL's M-RoPE `mrope`).
 #[derive(Clone, Debug, Deserialize)]
 struct RawRope {
     rope_theta: Option<f64>,
     rope_type: Option<String>,
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
     factor: Option<f64>,
     low_freq_factor: Option<f64>,
     high_freq_factor: Option<f64>,
@@ -91,7 +94,6 @@ enum RawRopeParameters {
 
 #[derive(Clone, Debug, Deserialize)]
 struct RawConfig {
-    model_type: String,
     hidden_size: usize,
     intermediate_size: usize,
     num_hidden_layers: usize,
@@ -104,10 +106,19 @@ struct RawConfig {
     tie_word_embeddings: Option<bool>,
     #[serde(default)]
     attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
     hidden_act: Option<String>,
     hidden_activation: Option<String>,
     rope_theta: Option<f64>,
     rope_parameters: Option<RawRopeParameters>,
+    /// Legacy (transformers 4) rotary fields: the scaling, and the sliding layers' base.
+    rope_scaling: Option<RawRope>,
+    rope_local_base_freq: Option<f64>,
+    /// Legacy layer pattern (transformers 4 writes the first, 5 the second beside `layer_types`).
+    sliding_window_pattern: Option<usize>,
+    #[serde(rename = "_sliding_window_pattern")]
+    saved_sliding_window_pattern: Option<usize>,
     #[serde(default)]
     use_sliding_window: bool,
     sliding_window: Option<usize>,
@@ -211,7 +222,9 @@ pub enum ConfigError {
 fn parse_rope(r: &RawRope, fallback_theta: Option<f64>) -> Result<Rope, String> {
     let theta = r.rope_theta.or(fallback_theta).ok_or("no rope_theta")?;
     let need = |v: Option<f64>, name: &str| v.map(|v| v as f32).ok_or(format!("rope_parameters lack {name}"));
-    let scaling = match r.rope_type.as_deref().unwrap_or("default") {
+    // `mrope` is the legacy spelling of default frequencies with sections (read apart).
+    let kind = r.rope_type.as_deref().or(r.legacy_type.as_deref()).unwrap_or("default");
+    let scaling = match if kind == "mrope" { "default" } else { kind } {
         "default" => RopeScaling::Default,
         "linear" => RopeScaling::Linear { factor: need(r.factor, "factor")? },
         "llama3" => RopeScaling::Llama3 {
@@ -260,24 +273,33 @@ impl TextConfig {
             }
             None => root,
         };
-        let raw: RawConfig = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        let mut value = value;
+        let model_type = value.get("model_type").and_then(serde_json::Value::as_str).unwrap_or_default().to_owned();
         let preset = match spec {
             Some(spec) => {
                 spec.validate()?;
-                if !spec.reads(&raw.model_type) {
+                if !spec.reads(&model_type) {
                     return Err(ConfigError::SpecMismatch {
                         spec: spec.name.clone(),
                         reads: spec.model_types.join(", "),
-                        model_type: raw.model_type,
+                        model_type,
                     });
                 }
                 spec.clone()
             }
-            None => presets::for_model_type(&raw.model_type).ok_or_else(|| ConfigError::Unsupported {
-                model_type: raw.model_type.clone(),
+            None => presets::for_model_type(&model_type).ok_or_else(|| ConfigError::Unsupported {
+                model_type: model_type.clone(),
                 supported: presets::model_types(),
             })?,
         };
+        // A sparse config (a VLM's text_config on the Hub) leaves fields to the config class's
+        // defaults, which the spec carries; an explicit null stays null, as in transformers.
+        if let Some(fields) = value.as_object_mut() {
+            for (key, default) in &preset.config_defaults {
+                fields.entry(key.clone()).or_insert_with(|| default.clone());
+            }
+        }
+        let raw: RawConfig = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         let attention = preset.attention;
         let act_name = raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()).unwrap_or("silu");
         let activation = match act_name {
@@ -285,6 +307,9 @@ impl TextConfig {
             "gelu_pytorch_tanh" => Activation::GeluTanh,
             other => return Err(invalid(format!("activation {other:?} is not implemented (silu, gelu_pytorch_tanh)"))),
         };
+        if raw.mlp_bias {
+            return Err(invalid("mlp_bias is not implemented (the MLP's projections are unbiased)".into()));
+        }
         // transformers 5.24's Gemma 3 reads this and never applies it; no spec caps scores.
         if let Some(v) = raw.attn_logit_softcapping {
             return Err(invalid(format!("attn_logit_softcapping = {v} is not implemented")));
@@ -304,12 +329,31 @@ impl TextConfig {
         if raw.use_sliding_window && !attention.sliding_layers {
             return Err(invalid("use_sliding_window is not implemented for this decoder".into()));
         }
-        let layer_kinds = match &raw.layer_types {
-            Some(types) => types
+        let pattern = raw.sliding_window_pattern.or(raw.saved_sliding_window_pattern);
+        let layer_kinds = match (&raw.layer_types, attention.sliding_pattern) {
+            (Some(types), _) => types
                 .iter()
                 .map(|t| LayerKind::parse(t).ok_or_else(|| invalid(format!("layer type {t:?} is not implemented"))))
                 .collect::<Result<Vec<_>, _>>()?,
-            None => vec![LayerKind::Full; raw.num_hidden_layers],
+            // As transformers derives them: layer i slides unless (i + 1) is a multiple of the pattern.
+            (None, Some(default)) => {
+                let n = pattern.unwrap_or(default);
+                if n == 0 {
+                    return Err(invalid("sliding_window_pattern is 0".into()));
+                }
+                (0..raw.num_hidden_layers)
+                    .map(|i| if (i + 1) % n == 0 { LayerKind::Full } else { LayerKind::Sliding })
+                    .collect()
+            }
+            (None, None) => {
+                if let Some(n) = raw.sliding_window_pattern {
+                    return Err(invalid(format!(
+                        "sliding_window_pattern = {n} is not implemented for {}",
+                        preset.name
+                    )));
+                }
+                vec![LayerKind::Full; raw.num_hidden_layers]
+            }
         };
         if layer_kinds.len() != raw.num_hidden_layers {
             return Err(invalid(format!("{} layer_types for {} layers", layer_kinds.len(), raw.num_hidden_layers)));
@@ -327,16 +371,32 @@ impl TextConfig {
         } else {
             None
         };
+        if raw.rope_local_base_freq.is_some() && !attention.rope_per_kind {
+            return Err(invalid(format!("rope_local_base_freq is not implemented for {}", preset.name)));
+        }
+        if raw.rope_parameters.is_some() && raw.rope_scaling.is_some() {
+            return Err(invalid(
+                "both rope_parameters and the legacy rope_scaling are given; which applies is ambiguous".into(),
+            ));
+        }
         let mut rope = BTreeMap::new();
         let kinds: std::collections::BTreeSet<LayerKind> = layer_kinds.iter().copied().collect();
         for kind in kinds {
-            let r = match &raw.rope_parameters {
-                Some(RawRopeParameters::PerLayerType(map)) => map
+            let r = match (&raw.rope_parameters, &raw.rope_scaling) {
+                (Some(RawRopeParameters::PerLayerType(map)), _) => map
                     .get(kind.hf_name())
                     .ok_or_else(|| invalid(format!("rope_parameters has no entry for {}", kind.hf_name())))
                     .and_then(|r| parse_rope(r, raw.rope_theta).map_err(invalid))?,
-                Some(RawRopeParameters::Flat(r)) => parse_rope(r, raw.rope_theta).map_err(invalid)?,
-                None => Rope {
+                (Some(RawRopeParameters::Flat(r)), _) => parse_rope(r, raw.rope_theta).map_err(invalid)?,
+                // The legacy fields of an architecture whose layer kinds have their own rotary
+                // embeddings (Gemma 3): the scaling belongs to full layers, sliding layers take
+                // `rope_local_base_freq` and default frequencies.
+                (None, _) if attention.rope_per_kind && kind == LayerKind::Sliding => Rope {
+                    theta: raw.rope_local_base_freq.ok_or_else(|| invalid("no rope_local_base_freq".into()))?,
+                    scaling: RopeScaling::Default,
+                },
+                (None, Some(scaling)) => parse_rope(scaling, raw.rope_theta).map_err(invalid)?,
+                (None, None) => Rope {
                     theta: raw.rope_theta.ok_or_else(|| invalid("no rope_theta".into()))?,
                     scaling: RopeScaling::Default,
                 },
@@ -352,8 +412,12 @@ impl TextConfig {
         if !head_dim.is_multiple_of(2) {
             return Err(invalid(format!("head_dim {head_dim} is odd; rotary embedding needs pairs")));
         }
-        let mrope = match &raw.rope_parameters {
-            Some(RawRopeParameters::Flat(RawRope { mrope_section: Some(sec), mrope_interleaved, .. })) => {
+        let flat = match (&raw.rope_parameters, &raw.rope_scaling) {
+            (Some(RawRopeParameters::Flat(r)), _) | (None, Some(r)) => Some(r),
+            _ => None,
+        };
+        let mrope = match flat {
+            Some(RawRope { mrope_section: Some(sec), mrope_interleaved, .. }) => {
                 let section: [usize; 3] = sec
                     .as_slice()
                     .try_into()
@@ -465,11 +529,95 @@ mod tests {
     fn config(model_type: &str, extra: serde_json::Value) -> String {
         let mut v = serde_json::json!({
             "model_type": model_type, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 8, "rope_theta": 10000.0,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4, "rms_norm_eps": 1e-6,
+            "vocab_size": 8, "rope_theta": 10000.0, "layer_types": ["full_attention"],
             "query_pre_attn_scalar": 4,
         });
         v.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
         v.to_string()
+    }
+
+    fn fixture_config(name: &str) -> serde_json::Value {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name).join("config.json");
+        serde_json::from_str(&std::fs::read_to_string(path).expect("fixture config")).expect("json")
+    }
+
+    fn drop(v: &mut serde_json::Value, keys: &[&str]) {
+        let map = v.as_object_mut().expect("object");
+        for k in keys {
+            map.remove(*k);
+        }
+    }
+
+    /// The Hub's gemma3_text config (transformers 4): no `layer_types`, the pattern as an int,
+    /// the full layers' rotary scaling in `rope_scaling`, the sliding layers' base in
+    /// `rope_local_base_freq`. It reads to exactly the transformers 5 fixture's config.
+    #[test]
+    fn a_hub_gemma3_text_config_reads_as_transformers_5_writes_it() {
+        let saved = fixture_config("gemma3_text");
+        let mut hub = saved.clone();
+        drop(&mut hub, &["layer_types", "rope_parameters", "_sliding_window_pattern"]);
+        hub["sliding_window_pattern"] = 2.into();
+        hub["rope_theta"] = 1000000.0.into();
+        hub["rope_local_base_freq"] = 10000.0.into();
+        hub["rope_scaling"] = serde_json::json!({"factor": 8.0, "rope_type": "linear"});
+        let want = TextConfig::parse(&saved.to_string()).expect("the fixture");
+        assert_eq!(TextConfig::parse(&hub.to_string()).expect("the hub form"), want);
+
+        // No pattern at all: transformers' default of 6 (here: 8 layers, the sixth full).
+        let mut sparse = hub.clone();
+        drop(&mut sparse, &["sliding_window_pattern", "rope_local_base_freq", "rope_theta"]);
+        sparse["num_hidden_layers"] = 8.into();
+        let c = TextConfig::parse(&sparse.to_string()).expect("sparse");
+        let full: Vec<usize> = (0..8).filter(|&i| c.layer_kinds[i] == LayerKind::Full).collect();
+        assert_eq!(full, [5], "{:?}", c.layer_kinds);
+        // The class's rotary bases: 1e6 (with the scaling) for full layers, 1e4 for sliding ones.
+        assert_eq!(c.rope[&LayerKind::Full], Rope { theta: 1e6, scaling: RopeScaling::Linear { factor: 8.0 } });
+        assert_eq!(c.rope[&LayerKind::Sliding], Rope { theta: 1e4, scaling: RopeScaling::Default });
+    }
+
+    /// Llama 3.1 on the Hub: `rope_theta` and `rope_scaling` beside each other.
+    #[test]
+    fn a_hub_llama_config_reads_its_legacy_rope_scaling() {
+        let saved = fixture_config("llama");
+        let mut hub = saved.clone();
+        let rope = hub["rope_parameters"].clone();
+        drop(&mut hub, &["rope_parameters"]);
+        hub["rope_theta"] = rope["rope_theta"].clone();
+        let mut scaling = rope.clone();
+        drop(&mut scaling, &["rope_theta"]);
+        hub["rope_scaling"] = scaling;
+        let want = TextConfig::parse(&saved.to_string()).expect("the fixture");
+        assert_eq!(TextConfig::parse(&hub.to_string()).expect("the hub form"), want);
+
+        let mut both = hub.clone();
+        both["rope_parameters"] = rope;
+        let err = TextConfig::parse(&both.to_string()).expect_err("two rope fields");
+        assert!(err.to_string().contains("ambiguous"), "{err}");
+        let mut bias = saved.clone();
+        bias["mlp_bias"] = true.into();
+        assert!(TextConfig::parse(&bias.to_string()).is_err(), "a biased MLP is refused");
+    }
+
+    /// LLaVA 1.5's text config on the Hub gives its model type and vocabulary only; the rest
+    /// is `LlamaConfig`'s defaults.
+    #[test]
+    fn a_sparse_text_config_takes_the_config_class_defaults() {
+        let c = TextConfig::parse(
+            r#"{"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": 32064}}"#,
+        )
+        .expect("sparse");
+        assert_eq!(
+            (c.hidden, c.intermediate, c.layers, c.heads, c.kv_heads, c.head_dim),
+            (4096, 11008, 32, 32, 32, 128)
+        );
+        assert_eq!((c.vocab, c.rms_eps, c.tied_embeddings), (32064, 1e-6, false));
+        assert_eq!(c.rope[&LayerKind::Full], Rope { theta: 10000.0, scaling: RopeScaling::Default });
+        // An explicit null is the config's own (num_key_value_heads None: one per head).
+        let null =
+            TextConfig::parse(r#"{"model_type": "llama", "num_key_value_heads": null, "num_attention_heads": 8}"#)
+                .expect("null");
+        assert_eq!(null.kv_heads, 8);
     }
 
     #[test]

@@ -12,7 +12,16 @@ fn types(names: &[&str]) -> Vec<String> {
     names.iter().map(|&n| n.to_owned()).collect()
 }
 
-/// Llama (and LLaVA's language model).
+/// A config class's defaults as a JSON object.
+fn defaults(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match value {
+        serde_json::Value::Object(map) => map,
+        _ => unreachable!("invariant: the defaults are written as an object"),
+    }
+}
+
+/// Llama (and LLaVA's language model). A sparse text config (LLaVA 1.5's on the Hub gives
+/// little more than its vocabulary) takes `LlamaConfig`'s defaults.
 pub fn llama() -> DecoderSpec {
     DecoderSpec {
         schema: SPEC_SCHEMA,
@@ -26,11 +35,26 @@ pub fn llama() -> DecoderSpec {
             qk_norm: false,
             scale: AttnScale::InverseSqrtHeadDim,
             sliding_layers: false,
+            sliding_pattern: None,
+            rope_per_kind: false,
         },
         mlp: Mlp::Gated,
         head: Head { tied_by_default: false, final_softcapping: false },
+        // transformers 5.24 `LlamaConfig`.
+        config_defaults: defaults(serde_json::json!({
+            "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "tie_word_embeddings": false, "attention_bias": false,
+        })),
         injected_layers: 0,
     }
+}
+
+/// The defaults `Qwen2Config`, `Qwen3Config` and the Qwen-VL text configs share (their
+/// sizes, norm epsilons and rotary bases differ, so a config must give those, or the family's
+/// plugin brings the spec with its own class's defaults).
+fn qwen_defaults() -> serde_json::Map<String, serde_json::Value> {
+    defaults(serde_json::json!({"hidden_act": "silu", "use_sliding_window": false}))
 }
 
 /// Qwen2 (and the language model of Qwen2-VL and Qwen2.5-VL): q, k and v always biased.
@@ -40,6 +64,7 @@ pub fn qwen2() -> DecoderSpec {
         name: "qwen2".into(),
         model_types: types(&["qwen2", "qwen2_vl_text", "qwen2_5_vl_text"]),
         attention: Attention { qkv_bias: QkvBias::Always, ..base.attention },
+        config_defaults: qwen_defaults(),
         ..base
     }
 }
@@ -51,6 +76,7 @@ pub fn qwen3() -> DecoderSpec {
         name: "qwen3".into(),
         model_types: types(&["qwen3", "qwen3_vl_text"]),
         attention: Attention { qk_norm: true, ..base.attention },
+        config_defaults: qwen_defaults(),
         ..base
     }
 }
@@ -58,7 +84,9 @@ pub fn qwen3() -> DecoderSpec {
 /// Gemma 3 text: sliding and global layers with their own rotary
 /// embeddings, q/k norms, sandwich norms, `(1 + w)` RMSNorm, embeddings
 /// scaled by `sqrt(hidden)`, scores by `query_pre_attn_scalar`, a tied head,
-/// the final logits soft-capped when the config gives a cap.
+/// the final logits soft-capped when the config gives a cap. A config without `layer_types`
+/// (the Hub's) slides every layer but each sixth, and its legacy rotary fields are read per
+/// layer kind, as transformers converts them.
 pub fn gemma3_text() -> DecoderSpec {
     DecoderSpec {
         schema: SPEC_SCHEMA,
@@ -72,10 +100,20 @@ pub fn gemma3_text() -> DecoderSpec {
             qk_norm: true,
             scale: AttnScale::InverseSqrtQueryPreAttnScalar,
             sliding_layers: true,
+            sliding_pattern: Some(6),
+            rope_per_kind: true,
         },
         mlp: Mlp::Gated,
         // Gemma3ForCausalLM caps the final logits when the config says so.
         head: Head { tied_by_default: true, final_softcapping: true },
+        // transformers 5.24 `Gemma3TextConfig` (its `default_theta`: global 1e6, local 1e4).
+        config_defaults: defaults(serde_json::json!({
+            "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "attention_bias": false, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        })),
         injected_layers: 0,
     }
 }

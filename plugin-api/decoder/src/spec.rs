@@ -37,6 +37,11 @@ pub struct DecoderSpec {
     pub attention: Attention,
     pub mlp: Mlp,
     pub head: Head,
+    /// The config class's defaults (transformers' `<Arch>Config`), for the
+    /// fields a sparse config leaves out: a key absent from the config takes
+    /// this value; one present, null included, is the config's.
+    #[serde(default)]
+    pub config_defaults: serde_json::Map<String, serde_json::Value>,
     /// Prepared prompts may add one per-row feature tensor to the hidden
     /// state after each of layers `0..injected_layers` (Qwen3-VL's DeepStack).
     /// A family that injects says how many from its own config.
@@ -91,6 +96,17 @@ pub struct Attention {
     /// Sliding-window layers (`layer_types`, `use_sliding_window`) are part
     /// of the architecture; a spec without them refuses a config that asks.
     pub sliding_layers: bool,
+    /// When the config gives no `layer_types`: layer `i` slides unless
+    /// `(i + 1) % n == 0`, `n` the config's `sliding_window_pattern` or this
+    /// default (Gemma 3's 6). `None`: every layer is full, and a config's
+    /// `sliding_window_pattern` is refused.
+    pub sliding_pattern: Option<usize>,
+    /// Sliding and full layers have rotary embeddings of their own:
+    /// `rope_parameters` keyed by layer type, or, in the legacy fields,
+    /// `rope_theta` with `rope_scaling` for full layers and
+    /// `rope_local_base_freq` for sliding ones. Otherwise one rotary embedding
+    /// serves every layer, and `rope_local_base_freq` is refused.
+    pub rope_per_kind: bool,
 }
 
 /// How queries meet keys and what the cache holds.

@@ -394,7 +394,8 @@ mod tests {
     fn tiny_config(model_type: &str) -> String {
         serde_json::json!({
             "model_type": model_type, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 8, "rope_theta": 10000.0,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4, "rms_norm_eps": 1e-6,
+            "vocab_size": 8, "rope_theta": 10000.0, "layer_types": ["full_attention"],
             "query_pre_attn_scalar": 4, "tie_word_embeddings": true,
         })
         .to_string()

@@ -19,6 +19,7 @@ mod processor;
 mod prompt;
 mod vision;
 
+use mlxcel_plugin_api::decoder::{DecoderSpec, presets};
 use mlxcel_plugin_api::{
     Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
     MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
@@ -90,6 +91,20 @@ impl FamilyPlugin for Qwen2Vl {
     fn encoder_parameters(config: &Qwen2VlConfig) -> Vec<(String, Vec<usize>)> {
         vision::parameters(config)
     }
+
+    /// The qwen2 preset, reading the Hub's flat config too (the text fields beside
+    /// `vision_config`, `model_type` `qwen2_vl`) with `Qwen2VLTextConfig`'s defaults.
+    fn decoder_spec(_config: &Qwen2VlConfig) -> Result<Option<DecoderSpec>, PluginError> {
+        let mut spec = presets::qwen2();
+        spec.model_types = vec!["qwen2_vl_text".into(), "qwen2_vl".into()];
+        // transformers 5.24 `Qwen2VLTextConfig` (its `default_theta` is 1e6).
+        let defaults = serde_json::json!({
+            "vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+            "num_attention_heads": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+        });
+        spec.config_defaults.extend(defaults.as_object().into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
+        Ok(Some(spec))
+    }
 }
 
 mlxcel_plugin_api::export_plugin!(Qwen2Vl);
@@ -128,5 +143,42 @@ mod testing {
     /// A fixture input as the encoded file.
     pub(crate) fn image_item(path: &str) -> MediaItem {
         MediaItem::EncodedImage(std::fs::read(fixture().dir().join(path)).expect("read image").into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlxcel_plugin_api::decoder::TextConfig;
+
+    use super::*;
+
+    /// Qwen2-VL-2B's config on the Hub is flat: the text fields beside `vision_config`, the
+    /// M-RoPE sections in a legacy `rope_scaling` of type `mrope`. With the family's spec it
+    /// reads to the same decoder as transformers 5's nested form; the presets alone refuse it.
+    #[test]
+    fn the_hubs_flat_config_reads_to_the_nested_forms_decoder() {
+        let dir = mlxcel_golden::Fixture::named("qwen2_vl").expect("fixture");
+        let nested = std::fs::read_to_string(dir.dir().join("config.json")).expect("config");
+        let mut flat: serde_json::Value = serde_json::from_str(&nested).expect("json");
+        let text = flat.as_object_mut().expect("object").remove("text_config").expect("text_config");
+        for (key, value) in text.as_object().expect("object") {
+            match key.as_str() {
+                "model_type" | "tie_word_embeddings" => {}
+                "rope_parameters" => {
+                    flat["rope_theta"] = value["rope_theta"].clone();
+                    flat["rope_scaling"] =
+                        serde_json::json!({"type": "mrope", "mrope_section": value["mrope_section"].clone()});
+                }
+                _ => flat[key.as_str()] = value.clone(),
+            }
+        }
+        let config = Qwen2VlConfig::parse(&nested, "").expect("parse");
+        let spec = Qwen2Vl::decoder_spec(&config).expect("spec").expect("qwen2-vl brings one");
+        let want = TextConfig::parse(&nested).expect("the nested form reads with the preset");
+        let got = TextConfig::parse_with(&flat.to_string(), Some(&spec)).expect("the flat form reads with the spec");
+        assert_eq!(TextConfig { spec: want.spec.clone(), ..got }, want);
+        assert!(TextConfig::parse(&flat.to_string()).is_err(), "no preset reads model_type qwen2_vl");
+        // The plugin's own config reader takes the flat form too.
+        assert_eq!(Qwen2VlConfig::parse(&flat.to_string(), "").expect("flat").mrope_section, config.mrope_section);
     }
 }

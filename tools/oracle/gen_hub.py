@@ -1,0 +1,211 @@
+"""The Hugging Face Hub form of the served fixtures: tests/fixtures/<name>_hub for llama, qwen2, qwen3,
+gemma3_text, qwen2_vl, gemma3 and llava.
+
+The fixtures are what transformers 5.24's `save_pretrained` writes. The checkpoints users download were mostly
+written by transformers 4, and differ in form but not in meaning:
+
+- config.json: `rope_theta` beside a legacy `rope_scaling` (its type spelled `type`, Qwen2-VL's M-RoPE as `mrope`)
+  instead of `rope_parameters`; no `layer_types` (Gemma 3 says `sliding_window_pattern` and
+  `rope_local_base_freq`); Qwen2-VL's text fields flat beside `vision_config`; sub-configs sparse, every field
+  equal to its config class's default left out (LLaVA 1.5's `text_config`); `torch_dtype` for `dtype`;
+- tensor names: the CLIP and SigLIP towers under `vision_tower.vision_model.`;
+- the image processor flat in `preprocessor_config.json`, `processor_config.json` keeping the processor's own
+  fields; the chat template in the processor's `chat_template.json` (vision-language) or in
+  `tokenizer_config.json` (text).
+
+Each Hub form gets the fixture's goldens and inputs unchanged, and is checked by loading it back with
+transformers: the processor must give the goldens' prompt, `input_ids` and `pixel_values` exactly, and the model
+the goldens' logits within the check's bound. `--check` rebuilds every Hub form in memory, compares it with the
+committed one, and repeats the load-back check."""
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import common
+import torch
+from safetensors.torch import load_file, save_file
+
+TEXT = ["llama", "qwen2", "qwen3", "gemma3_text"]
+VLM = ["qwen2_vl", "gemma3", "llava"]
+# Where transformers 4 kept the vision towers that transformers 5 saves one level up.
+TOWER_RENAMES = {"gemma3": ("vision_tower.", "vision_tower.vision_model."),
+                 "llava": ("vision_tower.", "vision_tower.vision_model.")}
+
+
+def legacy_rope(cfg: dict, per_kind: bool) -> None:
+    """`rope_parameters` back to `rope_theta` + `rope_scaling` (+ `rope_local_base_freq` per kind)."""
+    rope = cfg.pop("rope_parameters", None)
+    if rope is None:
+        return
+    if per_kind:
+        full, sliding = dict(rope["full_attention"]), dict(rope["sliding_attention"])
+        cfg["rope_theta"] = full.pop("rope_theta")
+        cfg["rope_local_base_freq"] = sliding.pop("rope_theta")
+        assert sliding.get("rope_type", "default") == "default", sliding
+        if full.get("rope_type", "default") != "default":
+            cfg["rope_scaling"] = full
+        return
+    rope = dict(rope)
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    kind = rope.pop("rope_type", "default")
+    if "mrope_section" in rope:
+        rope.pop("mrope_interleaved", None)
+        cfg["rope_scaling"] = {"type": "mrope", **rope}
+    elif kind != "default":
+        cfg["rope_scaling"] = {"rope_type": kind, **rope}
+
+
+def sparse(cfg: dict, config_class) -> dict:
+    """Only the fields that differ from `config_class`'s defaults (and the model type)."""
+    defaults = config_class().to_dict()
+    return {k: v for k, v in cfg.items() if k == "model_type" or defaults.get(k, object()) != v}
+
+
+def text_form(cfg: dict) -> dict:
+    cfg = dict(cfg)
+    gemma = cfg.get("model_type") == "gemma3_text"
+    legacy_rope(cfg, per_kind=gemma)
+    types = cfg.pop("layer_types", None)
+    if gemma:
+        # The pattern that derives these layer types (layer i slides unless (i + 1) % n == 0).
+        cfg.pop("_sliding_window_pattern", None)
+        derive = lambda n: ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(len(types))]
+        cfg["sliding_window_pattern"] = next(n for n in range(1, len(types) + 1) if derive(n) == types)
+    else:
+        assert types is None or all(t == "full_attention" for t in types), types
+    return cfg
+
+
+def hub_config(name: str, cfg: dict) -> dict:
+    cfg = dict(cfg)
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    if name in TEXT:
+        return text_form(cfg)
+    text = text_form(cfg.pop("text_config"))
+    if name == "qwen2_vl":
+        # Qwen2-VL-2B on the Hub: the text fields flat beside vision_config.
+        text.pop("model_type")
+        cfg.update(text)
+    elif name == "llava":
+        from transformers import LlamaConfig
+        cfg["text_config"] = sparse(text, LlamaConfig)
+    else:
+        cfg["text_config"] = text
+    return cfg
+
+
+def split_processor(fixture: Path, out: Path) -> None:
+    proc = json.loads((fixture / "processor_config.json").read_text())
+    image = proc.pop("image_processor")
+    image["processor_class"] = proc["processor_class"]
+    (out / "preprocessor_config.json").write_text(json.dumps(image, indent=2, sort_keys=True) + "\n")
+    (out / "processor_config.json").write_text(json.dumps(proc, indent=2, sort_keys=True) + "\n")
+
+
+def build(name: str, out: Path) -> None:
+    fixture = common.FIXTURES / name
+    out.mkdir(parents=True)
+    cfg = json.loads((fixture / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(hub_config(name, cfg), indent=2, sort_keys=True) + "\n")
+    for f in ["tokenizer.json", "generation_config.json"]:
+        shutil.copy(fixture / f, out / f)
+    for d in ["goldens", "inputs"]:
+        if (fixture / d).is_dir():
+            shutil.copytree(fixture / d, out / d)
+    template = (fixture / "chat_template.jinja").read_text()
+    tok_cfg = json.loads((fixture / "tokenizer_config.json").read_text())
+    if name in VLM:
+        split_processor(fixture, out)
+        (out / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2) + "\n")
+    else:
+        tok_cfg["chat_template"] = template
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n")
+    tensors = load_file(fixture / "model.safetensors")
+    old, new = TOWER_RENAMES.get(name, ("", ""))
+    if old:
+        tensors = {(new + k[len(old):] if k.startswith(old) else k): v for k, v in tensors.items()}
+    save_file({k: tensors[k] for k in sorted(tensors)}, out / "model.safetensors", metadata={"format": "pt"})
+    # The fixture's provenance (its reference made the goldens), with what this form is and its own files.
+    provenance = json.loads((fixture / "provenance.json").read_text())
+    provenance["generator"] = "tools/oracle/gen_hub.py"
+    provenance["command"] = "tools/oracle/regen.sh hub  (or: $ORACLE_VENV/bin/python tools/oracle/gen_hub.py)"
+    provenance["form_of"] = f"tests/fixtures/{name}"
+    provenance["checkpoint_sha256"] = {
+        f.name: common.sha256(f) for f in sorted(out.iterdir()) if f.is_file() and f.name != "provenance.json"
+    }
+    provenance["notes"] = provenance.get("notes", []) + [
+        "the Hub form of the fixture: legacy config fields, legacy tensor names, the processor and chat template "
+        "where transformers 4 saved them; goldens and inputs are the fixture's, and transformers reads this form "
+        "back to them (gen_hub.py --check)"
+    ]
+    (out / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+
+
+def load_back(name: str, hub: Path) -> float:
+    """transformers on the Hub form against the fixture's goldens: the largest logit difference."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    worst = 0.0
+    goldens = sorted((hub / "goldens").glob("*.json"))
+    if name in TEXT:
+        model = AutoModelForCausalLM.from_pretrained(hub, attn_implementation="eager", dtype=torch.float32).eval()
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(hub, attn_implementation="eager",
+                                                            dtype=torch.float32).eval()
+        # The fixtures' goldens were made with the PIL image backend.
+        processor, _ = common.load_processor(hub)
+    for path in goldens:
+        meta = json.loads(path.read_text())
+        g = load_file(path.with_suffix(".safetensors"))
+        if name in TEXT:
+            inputs = {"input_ids": g["input_ids"].reshape(1, -1)}
+        else:
+            prompt = processor.apply_chat_template(meta["messages"], add_generation_prompt=True, tokenize=False)
+            assert prompt == meta["prompt"], f"{name}_hub/{path.stem}: the chat template renders another prompt"
+            images = [common.load_image(hub, p) for p in meta.get("images", [])]
+            inputs = dict(processor(text=prompt, images=images or None, return_tensors="pt"))
+            assert inputs["input_ids"][0].tolist() == meta["input_ids"], f"{name}_hub/{path.stem}: input_ids"
+            if "pixel_values" in g:
+                diff = (inputs["pixel_values"].float() - g["pixel_values"].float()).abs().max().item()
+                assert diff == 0.0, f"{name}_hub/{path.stem}: pixel_values differ by {diff}"
+        with torch.no_grad():
+            logits = model(**inputs).logits[0]
+        worst = max(worst, (logits - g["logits"]).abs().max().item())
+    return worst
+
+
+def main() -> None:
+    args = common.parse_args(__doc__)
+    common.setup_torch()
+    failed = []
+    for name in TEXT + VLM:
+        target = common.FIXTURES / f"{name}_hub"
+        with tempfile.TemporaryDirectory() as tmp:
+            built = Path(tmp) / f"{name}_hub"
+            build(name, built)
+            if args.check:
+                for f in sorted(p for p in built.rglob("*") if p.is_file()):
+                    rel = f.relative_to(built)
+                    if not (target / rel).is_file() or (target / rel).read_bytes() != f.read_bytes():
+                        failed.append(f"{name}_hub/{rel} differs from what gen_hub.py writes")
+            else:
+                if target.exists():
+                    shutil.rmtree(target)
+                shutil.copytree(built, target)
+        worst = load_back(name, target)
+        # The Hub form holds the same weights: transformers reads it to the goldens' logits, within the
+        # check's float bound.
+        ok = worst <= 2e-5
+        print(f"  {name}_hub: transformers reads it back to the goldens' logits within {worst:.3e}"
+              f"{'' if ok else ' (over 2e-5)'}", flush=True)
+        if not ok:
+            failed.append(f"{name}_hub: logits differ by {worst:.3e}")
+    if failed:
+        sys.exit("gen_hub: " + "; ".join(failed))
+
+
+if __name__ == "__main__":
+    main()
