@@ -8,7 +8,8 @@ written by transformers 4, and differ in form but not in meaning:
   instead of `rope_parameters`; no `layer_types` (Gemma 3 says `sliding_window_pattern` and
   `rope_local_base_freq`); Qwen2-VL's text fields flat beside `vision_config`; sub-configs sparse, every field
   equal to its config class's default left out (LLaVA 1.5's `text_config`); `torch_dtype` for `dtype`;
-- tensor names: the CLIP and SigLIP towers under `vision_tower.vision_model.`;
+- tensor names: the CLIP and SigLIP towers under `vision_tower.vision_model.`; the vision-language checkpoints
+  sharded in two files with `model.safetensors.index.json`;
 - the image processor flat in `preprocessor_config.json`, `processor_config.json` keeping the processor's own
   fields; the chat template in the processor's `chat_template.json` (vision-language) or in
   `tokenizer_config.json` (text).
@@ -128,7 +129,20 @@ def build(name: str, out: Path) -> None:
     old, new = TOWER_RENAMES.get(name, ("", ""))
     if old:
         tensors = {(new + k[len(old):] if k.startswith(old) else k): v for k, v in tensors.items()}
-    save_file({k: tensors[k] for k in sorted(tensors)}, out / "model.safetensors", metadata={"format": "pt"})
+    keys = sorted(tensors)
+    if name in VLM:
+        # Sharded as the Hub's checkpoints are: two files and model.safetensors.index.json.
+        halves = [keys[: len(keys) // 2], keys[len(keys) // 2:]]
+        weight_map = {}
+        for i, part in enumerate(halves, 1):
+            shard = f"model-{i:05d}-of-{len(halves):05d}.safetensors"
+            save_file({k: tensors[k] for k in part}, out / shard, metadata={"format": "pt"})
+            weight_map.update({k: shard for k in part})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    else:
+        save_file({k: tensors[k] for k in keys}, out / "model.safetensors", metadata={"format": "pt"})
     # The fixture's provenance (its reference made the goldens), with what this form is and its own files.
     provenance = json.loads((fixture / "provenance.json").read_text())
     provenance["generator"] = "tools/oracle/gen_hub.py"
