@@ -568,23 +568,26 @@ def compare_checkpoint(built: Path, fixture: Path) -> None:
 
 
 def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, check: bool,
-                         notes: list[str] | None = None, dtype: torch.dtype = torch.float32) -> None:
+                         notes: list[str] | None = None, dtype: torch.dtype = torch.float32,
+                         run_dtype: torch.dtype | None = None) -> None:
     """Build, save, reload and record a text-only decoder fixture with a short and a long (multi-chunk) prompt.
 
-    dtype: the checkpoint's and the reference run's dtype (the weights are drawn in f32 and rounded once)."""
+    dtype: the checkpoint's dtype (the weights are drawn in f32 and rounded once); run_dtype: the reference
+    run's (default: the checkpoint's; f32 on a bf16 checkpoint widens the stored weights exactly)."""
+    run_dtype = run_dtype or dtype
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     setup_torch()
     fixture = FIXTURES / name
     print(f"{name}:", flush=True)
     model = randomize(model_cls(config)).to(dtype)
-    out = stage_dir(fixture, check, dtype)
+    out = stage_dir(fixture, check, run_dtype)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if check:
         compare_checkpoint(out, fixture)
 
-    model = AutoModelForCausalLM.from_pretrained(fixture, attn_implementation="eager", dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(fixture, attn_implementation="eager", dtype=run_dtype).eval()
     tok = AutoTokenizer.from_pretrained(fixture)
     layer_types = getattr(model.config, "layer_types", None)
     variants = {
@@ -601,9 +604,11 @@ def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, c
         if variant == "long":
             assert g.meta["n_prompt_tokens"] > PREFILL_CHUNK
         write_golden(fixture, variant, g, check)
-    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
-    write_provenance(fixture, script, f"transformers AutoModelForCausalLM, CPU torch, {precision}, eager attention",
-                     variants, check, notes=notes, dtype=str(dtype).removeprefix("torch."))
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[run_dtype]
+    stored = "" if run_dtype == dtype else f" on {str(dtype).removeprefix('torch.')} weights"
+    write_provenance(fixture, script,
+                     f"transformers AutoModelForCausalLM, CPU torch, {precision}{stored}, eager attention",
+                     variants, check, notes=notes, dtype=str(run_dtype).removeprefix("torch."))
     finish(fixture)
 
 

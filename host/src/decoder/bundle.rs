@@ -20,8 +20,10 @@ use mlxcel_decoder::{
 #[derive(Clone, Debug)]
 pub struct DecoderOptions {
     pub shape: BundleShape,
-    /// The numeric contract; `None` picks the checkpoint's: f32 weights run
-    /// the f32 contract (the parity reference), bf16 weights the bf16 one.
+    /// The numeric contract; `None` is f32 compute for f32 and bf16 weights alike
+    /// (bf16 weights stay bf16 and are widened inside each op: the parity
+    /// reference is transformers in f32 on the same stored weights). The bf16
+    /// contract (bf16 activations) is experimental and only ever asked for.
     pub contract: Option<NumericContract>,
     pub target: Target,
     /// The decoder's spec when the checkpoint's family plugin brings one; `None` reads the
@@ -184,8 +186,21 @@ impl Decoder {
             target: options.target.fingerprint(),
         };
         let key_parts = vec![fingerprint.digest()];
-        let request =
-            CompileRequest { name: "decoder", mlir: &mlir, target: &options.target, flags: &[], key_parts: &key_parts };
+        // Weights stored narrower than the activations are widened inside each op; IREE's
+        // const-expr hoisting would instead precompute a widened copy of every weight at load
+        // (the checkpoint's bytes twice over resident, and read by every decode step).
+        let flags: Vec<String> = if weights == contract.activations {
+            Vec::new()
+        } else {
+            vec!["--iree-opt-const-expr-hoisting=false".to_owned()]
+        };
+        let request = CompileRequest {
+            name: "decoder",
+            mlir: &mlir,
+            target: &options.target,
+            flags: &flags,
+            key_parts: &key_parts,
+        };
         let (artifact, outcome) = cache.get_or_compile(compiler, &request)?;
         let params = Parameters::new("model", checkpoint)?;
         let session = Session::new(device, Some(&params), &[&artifact])?;
@@ -698,21 +713,30 @@ fn embed_dtype(ckpt: &Checkpoint, names: &DecoderWeights) -> (String, String) {
 fn contract_for(ckpt: &Checkpoint, names: &DecoderWeights) -> Result<NumericContract, DecoderError> {
     let (key, found) = embed_dtype(ckpt, names);
     match found.as_str() {
-        "F32" => Ok(NumericContract::f32()),
-        "BF16" => Ok(NumericContract::bf16()),
+        // bf16 weights stay bf16 in memory and are widened inside each op: f32 compute, as
+        // transformers computes on them loaded with `dtype=torch.float32` (the parity reference).
+        "F32" | "BF16" => Ok(NumericContract::f32()),
         _ => Err(DecoderError::WeightDtype { key, found, want: "f32 or bf16".into() }),
     }
 }
 
 /// The dtype the checkpoint stores the decoder's weights in, which must be
 /// the contract's activation dtype (f32 checkpoints run the f32 contract).
+/// The dtype the weights are stored (and read) in: f32 or bf16 under f32 compute, bf16 under
+/// bf16 compute (which has no f32 weights to narrow). Every tensor is then checked to be in it.
 fn weight_dtype(ckpt: &Checkpoint, names: &DecoderWeights, contract: &NumericContract) -> Result<Elem, DecoderError> {
-    let want = contract.activations;
     let (key, found) = embed_dtype(ckpt, names);
-    if Elem::from_safetensors(&found) != Some(want) {
-        return Err(DecoderError::WeightDtype { key, found, want: want.to_string() });
+    let stored = Elem::from_safetensors(&found);
+    match (stored, contract.activations) {
+        (Some(Elem::F32 | Elem::BF16), Elem::F32) | (Some(Elem::BF16), Elem::BF16) => {
+            Ok(stored.expect("invariant: matched as some"))
+        }
+        _ => Err(DecoderError::WeightDtype {
+            key,
+            found,
+            want: format!("f32 or bf16 weights for {}", contract.activations),
+        }),
     }
-    Ok(want)
 }
 
 /// Where prompt rows sit in position space.
