@@ -722,14 +722,14 @@ mod tests {
         assert!(err.contains("by 8, but the checkpoint's decoder scales its token embeddings by 1"), "{err}");
     }
 
-    /// The Hub's Gemma 3 keeps the image processor in `preprocessor_config.json` and only the
+    /// A Hub checkpoint may keep the image processor in `preprocessor_config.json` and only the
     /// processor's own fields in `processor_config.json`; both are read.
     #[test]
     fn the_processor_config_is_found_nested_or_split_over_both_files() {
         let dir = tempfile::tempdir().expect("temp dir");
         let write = |name: &str, json: &str| std::fs::write(dir.path().join(name), json).expect("write");
         assert_eq!(processor_json(dir.path()).expect("none"), "");
-        write("processor_config.json", r#"{"image_seq_length": 256, "processor_class": "Gemma3Processor"}"#);
+        write("processor_config.json", r#"{"image_seq_length": 256, "processor_class": "AcmeProcessor"}"#);
         write("preprocessor_config.json", r#"{"size": {"height": 896, "width": 896}, "image_seq_length": 256}"#);
         let merged: serde_json::Value =
             serde_json::from_str(&processor_json(dir.path()).expect("split")).expect("json");
