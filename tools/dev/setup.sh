@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing mlxcel-host needs, and nothing that is
-# already there: Debian's libclang (bindgen) and build tools, a project-local
+# already there: Debian's libclang (bindgen), build tools and nasm (libjpeg-turbo's
+# SIMD, built from source by the image decoder), a project-local
 # Python venv with PyPI cmake (eerie-sys needs >= 3.26) and the IREE compiler
 # wheel, and a copy of eerie-sys whose build script does not re-run CMake on
 # every cargo call. Safe to run repeatedly and from several shells.
@@ -26,7 +27,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 # 1. Debian packages.
 need_apt=()
-for pkg in libclang-dev build-essential pkg-config; do
+for pkg in libclang-dev build-essential pkg-config nasm; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
