@@ -14,9 +14,9 @@ use serde::de::DeserializeOwned;
 
 use crate::abi::{PluginMod, PluginModRef, history};
 use crate::types::{
-    CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, ErrorCode,
-    LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PrefillProgram,
-    PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
+    CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest,
+    ErrorCode, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 use mlxcel_decoder::DecoderSpec;
 
@@ -66,7 +66,7 @@ pub trait FamilyPlugin: 'static {
     /// positions, the mask).
     fn prefill_program(config: &Self::Config, request: &ContractRequest) -> Result<PrefillProgram, PluginError>;
 
-    /// Every f32 weight the family's encoder graphs read: logical name (`label/path`, as the
+    /// Every weight the family's encoder graphs read: logical name (`label/path`, as the
     /// graphs name them) and shape. The default is none; [`FamilyPlugin::check_checkpoint`]'s
     /// default holds the checkpoint to these.
     fn encoder_parameters(config: &Self::Config) -> Vec<(String, Vec<usize>)> {
@@ -74,11 +74,19 @@ pub trait FamilyPlugin: 'static {
         Vec::new()
     }
 
+    /// The dtype the encoder graphs declare their weights in: the one the checkpoint stores
+    /// them in (f32, or bf16 widened to f32 inside the graph). The default is f32.
+    fn encoder_weight_dtype(config: &Self::Config) -> DType {
+        let _ = config;
+        DType::F32
+    }
+
     /// Checks that a checkpoint has the tensors the encoder reads (since 1.1). The default
     /// resolves [`FamilyPlugin::encoder_parameters`] against the index and reports each
-    /// module not found, each tensor missing, misshapen or not f32.
+    /// module not found, each tensor missing, misshapen or not stored in
+    /// [`FamilyPlugin::encoder_weight_dtype`].
     fn check_checkpoint(config: &Self::Config, index: &CheckpointIndex) -> Result<CheckpointReport, PluginError> {
-        Ok(CheckpointReport::f32_parameters(index, Self::encoder_parameters(config)))
+        Ok(CheckpointReport::parameters(index, Self::encoder_parameters(config), Self::encoder_weight_dtype(config)))
     }
 
     /// The family's text decoder when it is not one of `mlxcel_decoder`'s presets, or is one

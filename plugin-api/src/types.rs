@@ -945,11 +945,15 @@ pub struct CheckpointReport {
 }
 
 impl CheckpointReport {
-    /// The problems of an encoder graph's f32 `parameters` (logical name, shape) against
-    /// `index`: the names are resolved to checkpoint keys by the one resolver
+    /// The problems of an encoder graph's `parameters` (logical name, shape), declared in
+    /// `dtype`, against `index`: the names are resolved to checkpoint keys by the one resolver
     /// (`mlxcel_decoder::resolve_names`: each `label/path` module found under the one root
-    /// that holds all of it), then each key is held to its shape and to f32.
-    pub fn f32_parameters(index: &CheckpointIndex, parameters: impl IntoIterator<Item = (String, Vec<usize>)>) -> Self {
+    /// that holds all of it), then each key is held to its shape and to `dtype`.
+    pub fn parameters(
+        index: &CheckpointIndex,
+        parameters: impl IntoIterator<Item = (String, Vec<usize>)>,
+        dtype: DType,
+    ) -> Self {
         let parameters: Vec<(String, Vec<usize>)> = parameters.into_iter().collect();
         let tensors: mlxcel_decoder::Index = index
             .tensors
@@ -972,9 +976,11 @@ impl CheckpointReport {
                 Some(t) if t.shape.as_slice() != want.as_slice() => {
                     problems.push(format!("`{key}` has shape {:?}, the config needs {want:?}", t.shape.as_slice()))
                 }
-                Some(t) if t.dtype != DType::F32 => {
-                    problems.push(format!("`{key}` is {}; the encoder graph reads f32 weights", t.dtype.as_str()))
-                }
+                Some(t) if t.dtype != dtype => problems.push(format!(
+                    "`{key}` is stored as {}; the encoder graph reads {} weights, the dtype the config names",
+                    t.dtype.as_str(),
+                    dtype.as_str()
+                )),
                 Some(_) => {}
             }
         }

@@ -678,6 +678,7 @@ def vlm_fixture(
     extra: Callable[[Any, dict[str, torch.Tensor], Golden], None] | None = None,
     post_save: Callable[[Path], None] | None = None,
     notes: list[str] | None = None,
+    run_dtype: torch.dtype = torch.float32,
 ) -> None:
     """Build, save, reload and record a multimodal fixture.
 
@@ -685,7 +686,9 @@ def vlm_fixture(
     encoder(model, inputs): the encoder/projector stages for inputs that carry media.
     prepare(inputs): adjust the processor's output before the model sees it (kept in the goldens as given).
     extra(model, inputs, golden): add family-specific tensors or metadata after the reference run.
-    post_save(dir): fix a known save bug in the written checkpoint (documented in provenance notes)."""
+    post_save(dir): fix a known save bug in the written checkpoint (documented in provenance notes).
+    run_dtype: the reference run's; the checkpoint keeps the model's own dtype (f32 on bf16 weights widens the
+    stored weights exactly: bf16 storage, f32 compute)."""
     from transformers import AutoModelForImageTextToText
 
     fixture = FIXTURES / name
@@ -702,7 +705,8 @@ def vlm_fixture(
     if check:
         compare_checkpoint(out, fixture)
 
-    model = AutoModelForImageTextToText.from_pretrained(fixture, attn_implementation="eager").eval()
+    stored = str(model.dtype).removeprefix("torch.")
+    model = AutoModelForImageTextToText.from_pretrained(fixture, attn_implementation="eager", dtype=run_dtype).eval()
     processor, backend = load_processor(fixture)
     text_model = model.model.language_model
     text_cfg = model.config.get_text_config()
@@ -744,10 +748,12 @@ def vlm_fixture(
         if extra is not None:
             extra(model, run_inputs, g)
         write_golden(fixture, v.name, g, check)
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[run_dtype]
+    on = "" if stored == str(run_dtype).removeprefix("torch.") else f" on {stored} weights"
     write_provenance(
         fixture, script,
-        f"transformers {type(model).__name__}, CPU torch, fp32, eager attention; processor backend {backend}",
-        {v.name: v.description for v in variants}, check, notes=notes,
+        f"transformers {type(model).__name__}, CPU torch, {precision}{on}, eager attention; processor backend {backend}",
+        {v.name: v.description for v in variants}, check, notes=notes, dtype=str(run_dtype).removeprefix("torch."),
     )
     finish(fixture)
 

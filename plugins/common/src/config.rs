@@ -18,19 +18,70 @@ pub fn processor_section<T: DeserializeOwned>(json: &str) -> Result<T, serde_jso
     serde_json::from_value(section)
 }
 
-/// Which checkpoint a `config.json` describes (flatten this into a family's mirror).
+/// Which checkpoint a `config.json` describes (flatten this into a family's mirror): its
+/// model type, architectures and the dtype its weights are stored in (`dtype`, or the Hub's
+/// older `torch_dtype`).
 #[derive(serde::Deserialize, Debug, Default)]
 pub struct Identity {
     #[serde(default)]
     pub model_type: String,
     #[serde(default)]
     pub architectures: Vec<String>,
+    dtype: Option<String>,
+    torch_dtype: Option<String>,
 }
 
 impl Identity {
     /// The first architecture, or empty.
     pub fn architecture(&self) -> String {
         self.architectures.first().cloned().unwrap_or_default()
+    }
+
+    /// The dtype the config says the weights are stored in; f32 when it names none (what
+    /// transformers then loads). Two spellings that disagree, or a dtype the encoders do not
+    /// read, are errors: the encoder graph declares its weights in this dtype and the
+    /// checkpoint is held to it, tensor by tensor, before anything is compiled.
+    pub fn weight_dtype(&self) -> Result<WeightDtype, String> {
+        let name = match (self.dtype.as_deref(), self.torch_dtype.as_deref()) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!("config.json: dtype `{a}` and torch_dtype `{b}` disagree"));
+            }
+            (Some(name), _) | (None, Some(name)) => name,
+            (None, None) => return Ok(WeightDtype::F32),
+        };
+        match name {
+            "float32" => Ok(WeightDtype::F32),
+            "bfloat16" => Ok(WeightDtype::BF16),
+            other => Err(format!("config.json: weights stored as `{other}` are not served (float32 or bfloat16)")),
+        }
+    }
+}
+
+/// The dtype a checkpoint stores its weights in. Encoders compute in f32 either way: bf16
+/// weights stay bf16 in memory and are widened inside the graph, as transformers widens them
+/// when it loads a bf16 checkpoint in f32.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightDtype {
+    #[default]
+    F32,
+    BF16,
+}
+
+impl WeightDtype {
+    /// The element type the encoder graph declares the weights in.
+    pub fn elem(self) -> mlxcel_emit::Elem {
+        match self {
+            WeightDtype::F32 => mlxcel_emit::Elem::F32,
+            WeightDtype::BF16 => mlxcel_emit::Elem::BF16,
+        }
+    }
+
+    /// The dtype of the graph's parameter declarations and the checkpoint check.
+    pub fn dtype(self) -> mlxcel_plugin_api::DType {
+        match self {
+            WeightDtype::F32 => mlxcel_plugin_api::DType::F32,
+            WeightDtype::BF16 => mlxcel_plugin_api::DType::BF16,
+        }
     }
 }
 
@@ -98,6 +149,19 @@ mod tests {
         assert_eq!(read("  ").resample, None);
         let err = processor_section::<Mirror>(r#"{"resample": "bicubic"}"#).expect_err("a string is no code");
         assert!(err.to_string().contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn the_weight_dtype_is_read_in_either_spelling_and_refused_when_unknown_or_ambiguous() {
+        let read = |json: &str| serde_json::from_str::<Identity>(json).expect("reads").weight_dtype();
+        assert_eq!(read("{}"), Ok(WeightDtype::F32));
+        assert_eq!(read(r#"{"dtype": "bfloat16"}"#), Ok(WeightDtype::BF16));
+        assert_eq!(read(r#"{"torch_dtype": "bfloat16"}"#), Ok(WeightDtype::BF16));
+        assert_eq!(read(r#"{"dtype": "float32", "torch_dtype": "float32"}"#), Ok(WeightDtype::F32));
+        let both = read(r#"{"dtype": "float32", "torch_dtype": "bfloat16"}"#).expect_err("two dtypes");
+        assert!(both.contains("disagree"), "{both}");
+        let f16 = read(r#"{"torch_dtype": "float16"}"#).expect_err("not served");
+        assert!(f16.contains("`float16`"), "{f16}");
     }
 
     #[test]

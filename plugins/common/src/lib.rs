@@ -19,6 +19,6 @@ pub mod patches;
 pub mod vit;
 
 pub use clip::{ShortestEdgeError, center_crop, shortest_edge_size};
-pub use config::{Identity, PerChannel, Steps, processor_section};
+pub use config::{Identity, PerChannel, Steps, WeightDtype, processor_section};
 pub use image::{Image, ImageError, Normalize, Resample, png_dimensions};
 pub use patches::{PatchGrid, Patchify, ResizeError, smart_resize};

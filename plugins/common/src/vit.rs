@@ -7,7 +7,28 @@
 
 use std::collections::HashMap;
 
-use mlxcel_emit::{Elem, Func, Global, NumericContract, Value};
+use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Type, Value};
+use mlxcel_plugin_api::{RVec, TensorSpec};
+
+use crate::config::WeightDtype;
+
+/// Declares an encoder's weights, each `(logical name, shape)` in the dtype the checkpoint
+/// stores them in: the globals by name, for a [`Tower`].
+pub fn declare_parameters(
+    m: &mut Module,
+    parameters: &[(String, Vec<usize>)],
+    weights: WeightDtype,
+) -> HashMap<String, Global> {
+    parameters.iter().map(|(key, shape)| (key.clone(), m.param(key, Type::new(weights.elem(), shape)))).collect()
+}
+
+/// The same weights as an `EncoderGraph` lists them.
+pub fn parameter_specs(parameters: &[(String, Vec<usize>)], weights: WeightDtype) -> RVec<TensorSpec> {
+    parameters
+        .iter()
+        .map(|(key, shape)| TensorSpec::new(key, weights.dtype(), &shape.iter().map(|&d| d as u64).collect::<Vec<_>>()))
+        .collect()
+}
 
 /// A tower's declared parameters and the prefix of its own logical names (`vision_tower/`).
 #[derive(Debug)]
@@ -20,10 +41,13 @@ pub struct Tower<'a> {
 }
 
 impl Tower<'_> {
-    /// The parameter `key` (a whole logical name).
+    /// The parameter `key` (a whole logical name), in the activation dtype: bf16 weights are
+    /// widened where they are read, so every op computes as on f32 weights and no widened
+    /// copy outlives the call (the encoders compile without const-expr hoisting).
     pub fn w(&self, f: &mut Func, key: &str) -> Value {
         let g = self.globals.get(key).expect("invariant: every parameter is declared");
-        f.load(g)
+        let stored = f.load(g);
+        f.convert(&stored, self.c.activations)
     }
 
     /// The tower's parameter `name` (below its prefix).

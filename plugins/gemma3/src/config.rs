@@ -7,7 +7,7 @@
 //! (`preprocessor_config.json`). Absent keys take the defaults of `Gemma3Config`,
 //! `SiglipVisionConfig`, `Gemma3Processor` and `Gemma3ImageProcessor`.
 
-use mlxcel_family_common::{Identity, Steps, processor_section};
+use mlxcel_family_common::{Identity, Steps, WeightDtype, processor_section};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +22,8 @@ const PIL_BILINEAR: u32 = 2;
 pub struct Gemma3Config {
     pub model_type: String,
     pub architecture: String,
+    /// The dtype the checkpoint stores its weights in; the encoder reads them so.
+    pub weights: WeightDtype,
     /// Width of the text decoder, which the projector projects to.
     pub text_hidden_size: u32,
     /// Feature rows (and soft tokens) per image: the projector's pooled grid, squared.
@@ -218,6 +220,7 @@ impl Gemma3Config {
         let config = Self {
             model_type: raw.identity.model_type.clone(),
             architecture: raw.identity.architecture(),
+            weights: raw.identity.weight_dtype().map_err(invalid)?,
             text_hidden_size,
             mm_tokens_per_image,
             image_token_id: raw.image_token_index.or(raw.image_token_id).unwrap_or(262_144),

@@ -25,7 +25,7 @@ mod vision;
 use mlxcel_plugin_api::decoder::presets;
 use mlxcel_plugin_api::decoder::spec::{DecoderSpec, Head};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
     MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
     PromptLayout, ShapeBucket,
 };
@@ -96,6 +96,10 @@ impl FamilyPlugin for Gemma3 {
 
     fn encoder_parameters(config: &Gemma3Config) -> Vec<(String, Vec<usize>)> {
         vision::parameters(config)
+    }
+
+    fn encoder_weight_dtype(config: &Gemma3Config) -> DType {
+        config.weights.dtype()
     }
 
     /// The gemma3_text preset without its final-logit cap: Gemma3ForConditionalGeneration

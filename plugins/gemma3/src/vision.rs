@@ -20,12 +20,10 @@
 //! The output rows are the pooled grid in row-major order, as `flatten(2).transpose(1, 2)`
 //! gives them; every image is exactly `mm_tokens_per_image` rows.
 
-use std::collections::HashMap;
-
 use mlxcel_emit::{Elem, Func, Module, NumericContract, RmsStyle, Type, Value};
-use mlxcel_family_common::vit::{Tower, avg_pool_grid, pre_norm_layer_parameters};
+use mlxcel_family_common::vit::{Tower, avg_pool_grid, declare_parameters, parameter_specs, pre_norm_layer_parameters};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
+    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
 use crate::config::Gemma3Config;
@@ -85,10 +83,7 @@ pub(crate) fn graph(config: &Gemma3Config, request: &EncoderGraphRequest) -> Res
         )));
     }
     let stablehlo = emit(config).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
-    let parameters: RVec<TensorSpec> = parameters(config)
-        .into_iter()
-        .map(|(key, shape)| TensorSpec::new(key, DType::F32, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>()))
-        .collect();
+    let parameters = parameter_specs(&parameters(config), config.weights);
     let rows = u64::from(config.mm_tokens_per_image);
     Ok(EncoderGraph {
         bucket: request.bucket.clone(),
@@ -136,11 +131,7 @@ impl Emitter<'_> {
 /// Emits the module for one image.
 pub(crate) fn emit(config: &Gemma3Config) -> Result<String, mlxcel_emit::EmitError> {
     let mut m = Module::new("gemma3_vision");
-    let mut globals = HashMap::new();
-    for (key, shape) in parameters(config) {
-        let g = m.param(&key, Type::new(Elem::F32, &shape));
-        globals.insert(key, g);
-    }
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
     let c = NumericContract::f32();
     let tower = Tower { c, globals: &globals, prefix: TOWER, eps: config.vision.layer_norm_eps };
     let e = Emitter { c, config, tower };

@@ -13,7 +13,7 @@
 //! name: a tower other than CLIP, an activation the numeric contract does not define, a
 //! feature layer outside the tower, a processor that does not produce the tower's square.
 
-use mlxcel_family_common::{Identity, Resample, Steps, processor_section, shortest_edge_size};
+use mlxcel_family_common::{Identity, Resample, Steps, WeightDtype, processor_section, shortest_edge_size};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,8 @@ const DEFAULT_IMAGE_TOKEN: &str = "<image>";
 pub struct LlavaConfig {
     pub model_type: String,
     pub architecture: String,
+    /// The dtype the checkpoint stores its weights in; the encoder reads them so.
+    pub weights: WeightDtype,
     /// Width of the text decoder, which the projector maps to.
     pub text_hidden_size: u32,
     pub image_token_id: u32,
@@ -338,6 +340,7 @@ impl LlavaConfig {
         Ok(Self {
             model_type: raw.identity.model_type.clone(),
             architecture: raw.identity.architecture(),
+            weights: raw.identity.weight_dtype().map_err(invalid)?,
             text_hidden_size,
             image_token_id,
             image_token: fields.image_token.unwrap_or_else(|| DEFAULT_IMAGE_TOKEN.to_owned()),

@@ -21,7 +21,7 @@ mod prompt;
 mod vision;
 
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
     MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
     PromptLayout, ShapeBucket,
 };
@@ -88,6 +88,10 @@ impl FamilyPlugin for Llava {
 
     fn encoder_parameters(config: &LlavaConfig) -> Vec<(String, Vec<usize>)> {
         vision::parameters(config)
+    }
+
+    fn encoder_weight_dtype(config: &LlavaConfig) -> DType {
+        config.weights.dtype()
     }
 }
 

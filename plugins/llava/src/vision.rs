@@ -13,12 +13,10 @@
 //! - each feature layer's state (without the class row under `default`), concatenated along
 //!   the features, then the projector: `linear_1`, `projector_hidden_act`, `linear_2`.
 
-use std::collections::HashMap;
-
 use mlxcel_emit::{Elem, Func, Module, NumericContract, Type, Value};
-use mlxcel_family_common::vit::{Tower, pre_norm_layer_parameters};
+use mlxcel_family_common::vit::{Tower, declare_parameters, parameter_specs, pre_norm_layer_parameters};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
+    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
 use crate::config::{Act, LlavaConfig, SelectStrategy};
@@ -87,10 +85,7 @@ pub(crate) fn graph(config: &LlavaConfig, request: &EncoderGraphRequest) -> Resu
         )));
     }
     let stablehlo = emit(config).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
-    let parameters: RVec<TensorSpec> = parameters(config)
-        .into_iter()
-        .map(|(key, shape)| TensorSpec::new(key, DType::F32, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>()))
-        .collect();
+    let parameters = parameter_specs(&parameters(config), config.weights);
     let rows = u64::from(config.feature_tokens());
     Ok(EncoderGraph {
         bucket: request.bucket.clone(),
@@ -143,11 +138,7 @@ impl Emitter<'_> {
 pub(crate) fn emit(config: &LlavaConfig) -> Result<String, mlxcel_emit::EmitError> {
     let v = &config.vision;
     let mut m = Module::new("llava_vision");
-    let mut globals = HashMap::new();
-    for (key, shape) in parameters(config) {
-        let g = m.param(&key, Type::new(Elem::F32, &shape));
-        globals.insert(key, g);
-    }
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
     let c = NumericContract::f32();
     let tower = Tower { c, globals: &globals, prefix: TOWER, eps: v.layer_norm_eps };
     let e = Emitter { c, config, tower };

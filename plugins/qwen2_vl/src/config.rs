@@ -7,7 +7,7 @@
 //! (`preprocessor_config.json`), with the pixel bounds as `min_pixels`/`max_pixels` or
 //! `size.shortest_edge`/`size.longest_edge`.
 
-use mlxcel_family_common::{Identity, Steps, processor_section};
+use mlxcel_family_common::{Identity, Steps, WeightDtype, processor_section};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +24,8 @@ const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 pub struct Qwen2VlConfig {
     pub model_type: String,
     pub architecture: String,
+    /// The dtype the checkpoint stores its weights in; the encoder reads them so.
+    pub weights: WeightDtype,
     /// Width of the text decoder, which the merger projects to.
     pub text_hidden_size: u32,
     /// How the rotary half-dimension splits between t, h and w.
@@ -258,6 +260,7 @@ impl Qwen2VlConfig {
         Ok(Self {
             model_type: raw.identity.model_type.clone(),
             architecture: raw.identity.architecture(),
+            weights: raw.identity.weight_dtype().map_err(invalid)?,
             text_hidden_size,
             mrope_section,
             image_token_id: token("image_token_id", |t| t.image_token_id)?,

@@ -21,7 +21,7 @@ mod vision;
 
 use mlxcel_plugin_api::decoder::{DecoderSpec, presets};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
     MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
     PromptLayout, ShapeBucket,
 };
@@ -90,6 +90,10 @@ impl FamilyPlugin for Qwen2Vl {
 
     fn encoder_parameters(config: &Qwen2VlConfig) -> Vec<(String, Vec<usize>)> {
         vision::parameters(config)
+    }
+
+    fn encoder_weight_dtype(config: &Qwen2VlConfig) -> DType {
+        config.weights.dtype()
     }
 
     /// The qwen2 preset, reading the Hub's flat config too (the text fields beside

@@ -14,10 +14,8 @@
 //! attend only to each other and the real rows never see them.
 
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, Type, Value};
-use mlxcel_family_common::vit::{Tower, rope, rotary_2d};
-use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, Modality, PluginError, RVec, ShapeBucket, TensorSpec,
-};
+use mlxcel_family_common::vit::{Tower, declare_parameters, parameter_specs, rope, rotary_2d};
+use mlxcel_plugin_api::{DType, EncoderGraph, EncoderGraphRequest, Modality, PluginError, ShapeBucket, TensorSpec};
 
 use crate::config::{Qwen2VlConfig, VisionAct};
 use crate::processor::{PATCH_POSITIONS, PATCH_SEGMENTS, PIXEL_VALUES, SEGMENT_START};
@@ -116,10 +114,7 @@ pub(crate) fn graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Re
     let stablehlo =
         emit(config, n).map_err(|e| PluginError::new(mlxcel_plugin_api::ErrorCode::Internal, e.to_string()))?;
     let v = &config.vision;
-    let parameters: RVec<TensorSpec> = parameters(config)
-        .into_iter()
-        .map(|(key, shape)| TensorSpec::new(key, DType::F32, &shape.iter().map(|&d| d as u64).collect::<Vec<_>>()))
-        .collect();
+    let parameters = parameter_specs(&parameters(config), config.weights);
     let rows = (n / v.merge_area()) as u64;
     Ok(EncoderGraph {
         bucket: request.bucket.clone(),
@@ -227,11 +222,7 @@ impl Emitter<'_> {
 pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_emit::EmitError> {
     let v = &config.vision;
     let mut m = Module::new("qwen2_vl_vision");
-    let mut globals = std::collections::HashMap::new();
-    for (key, shape) in parameters(config) {
-        let g = m.param(&key, Type::new(Elem::F32, &shape));
-        globals.insert(key, g);
-    }
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
     let c = NumericContract::f32();
     let e = Emitter { c, config, tower: Tower { c, globals: &globals, prefix: PREFIX, eps: LN_EPS } };
     let width = v.patch_width();

@@ -1,0 +1,46 @@
+"""The bf16 form of the vision-language fixtures: tests/fixtures/<name>_bf16 for qwen2_vl, gemma3 and llava.
+
+Hub checkpoints store their weights in bf16. Each of these is its fixture's checkpoint with every float tensor
+rounded once to bf16 and stored so (the config says `dtype: bfloat16`), with the same processor, tokenizer, chat
+template and images. The reference loads it with `dtype=torch.float32`, which widens every stored weight exactly
+and computes in f32: bf16 storage with f32 compute, the parity reference for running a bf16 checkpoint's encoder
+and decoder without widening its weights in memory. Every golden is recomputed so, stage by stage, for the
+fixture's four standard variants."""
+
+import common
+import torch
+from transformers import AutoModelForImageTextToText
+
+import gen_gemma3
+import gen_llava
+import gen_qwen2_vl
+
+# What each family's generator passes to common.vlm_fixture besides the model, processor and images.
+FAMILIES = {
+    "qwen2_vl": dict(encoder=gen_qwen2_vl.encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta),
+    "gemma3": dict(encoder=gen_gemma3.encoder, notes=list(gen_gemma3.NOTES)),
+    "llava": dict(encoder=gen_llava.encoder),
+}
+NOTE = ("bf16 storage, f32 compute: the fixture's weights rounded once to bf16 and stored so; the reference widens "
+        "them to f32 at load (dtype=torch.float32)")
+
+
+def main() -> None:
+    args = common.parse_args(__doc__)
+    common.setup_torch()
+    for name, kwargs in FAMILIES.items():
+        base = common.FIXTURES / name
+        model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32).to(torch.bfloat16)
+        for config in [model.config] + [getattr(model.config, k) for k in model.config.sub_configs]:
+            config.dtype = "bfloat16"
+        processor, _ = common.load_processor(base)
+        media = {stem: common.load_image(base, f"inputs/{stem}.png") for stem in ("tall", "wide")}
+        kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [NOTE, f"made from tests/fixtures/{name}"])
+        common.vlm_fixture(
+            f"{name}_bf16", "gen_bf16.py", model, processor, media, common.standard_variants("tall", "wide"),
+            check=args.check, run_dtype=torch.float32, **kwargs,
+        )
+
+
+if __name__ == "__main__":
+    main()
