@@ -25,6 +25,37 @@ pub(crate) struct DeviceArgs {
     pub(crate) cache_dir: Option<PathBuf>,
 }
 
+/// The text decoder's activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Compute {
+    /// f32 activations for f32 and bf16 weights alike, bf16 weights widened inside each op
+    /// (qualified: at parity with transformers in f32 on the same stored weights).
+    F32,
+    /// bf16 activations with f32 accumulation, on a bf16 checkpoint (experimental: close to
+    /// transformers in bf16, not at parity; text only).
+    Bf16,
+}
+
+impl Compute {
+    /// The decoder's numeric contract (`None`: the bundle's f32 default). bf16 is refused
+    /// unless unqualified capabilities are allowed, and when images are served: their features
+    /// merge into f32 embeddings.
+    pub(crate) fn contract(self, allow_unqualified: bool, media: bool) -> Result<Option<mlxcel_emit::NumericContract>> {
+        match self {
+            Compute::F32 => Ok(None),
+            Compute::Bf16 if !allow_unqualified => bail!(
+                "--compute bf16 is experimental (close to transformers in bf16, not at parity); pass \
+                 --allow-unqualified to use it"
+            ),
+            Compute::Bf16 if media => bail!(
+                "--compute bf16 serves text only: image features merge into f32 embeddings (leave --compute at f32, \
+                 or serve without plugins)"
+            ),
+            Compute::Bf16 => Ok(Some(mlxcel_emit::NumericContract::bf16())),
+        }
+    }
+}
+
 const DEMO_MLIR: &str = include_str!("../programs/attention.mlir");
 
 /// Compiles (or fetches from the cache) one module, with `flags` after the target's.

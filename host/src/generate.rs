@@ -9,6 +9,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use mlxcel_decoder::DecoderSpec;
+use mlxcel_emit::NumericContract;
 use mlxcel_host::{
     decoder::{BundleShape, Decoder, DecoderOptions, Logits},
     sampling::{History, Sampler, SamplingParams},
@@ -17,7 +18,7 @@ use mlxcel_host::{
 use mlxcel_plugin_api::QualificationPolicy;
 use mlxcel_shim::{CacheOutcome, CompileCache, Compiler, Device, Driver, Target};
 
-use crate::exec::DeviceArgs;
+use crate::exec::{Compute, DeviceArgs};
 use crate::multimodal::{Encoders, MediaModel, MediaRequest};
 use crate::plugins::PluginDir;
 
@@ -38,6 +39,10 @@ pub(crate) struct GenerateArgs {
     #[arg(long)]
     allow_unqualified: bool,
     #[command(flatten)]
+    /// The text decoder's activations: f32 (for f32 and bf16 checkpoints alike) or bf16
+    /// (experimental, text only, needs --allow-unqualified).
+    #[arg(long, value_enum, default_value = "f32")]
+    compute: Compute,
     plugins: PluginDir,
     /// A system message placed before the user message.
     #[arg(long, conflicts_with = "raw")]
@@ -125,6 +130,10 @@ struct Report<'a> {
     seed: u64,
     compile_cache: &'static str,
     timings: Timings,
+    /// The decoder's weights as stored and its activations (`bf16` and `f32`: bf16 storage,
+    /// f32 compute).
+    weights: String,
+    activations: String,
 }
 
 pub(crate) fn generate(args: &GenerateArgs) -> Result<()> {
@@ -151,6 +160,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     };
     let mut sampler = Sampler::new(params, args.seed).context("invalid sampling parameters")?;
     if args.max_tokens == 0 {
+    let contract = args.compute.contract(args.allow_unqualified, !args.images.is_empty())?;
         bail!("--max-tokens must be at least 1");
     }
     let driver: Driver = args.device.driver.parse()?;
@@ -222,7 +232,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     let stops = if args.ignore_eos { Vec::new() } else { stop_tokens(dir, &tokenizer)? };
 
     let started = Instant::now();
-    let mut decoder = load(args, driver, spec)?;
+    let mut decoder = load(args, driver, spec, contract)?;
     let load_s = started.elapsed().as_secs_f64();
     let cached = match decoder.cache_outcome() {
         CacheOutcome::Hit => "hit",
@@ -310,6 +320,8 @@ fn run(args: &GenerateArgs) -> Result<()> {
             seed: sampler.seed(),
             compile_cache: cached,
             timings,
+            weights: decoder.fingerprint().dtype.clone(),
+            activations: decoder.contract().activations.to_string(),
         };
         writeln!(out, "{}", serde_json::to_string(&report)?).context("writing to stdout")?;
     } else {
@@ -327,7 +339,12 @@ fn run(args: &GenerateArgs) -> Result<()> {
 }
 
 /// Compiles (or fetches) and loads the one-slot bundle, with a spinner on a terminal.
-fn load(args: &GenerateArgs, driver: Driver, spec: Option<DecoderSpec>) -> Result<Decoder> {
+fn load(
+    args: &GenerateArgs,
+    driver: Driver,
+    spec: Option<DecoderSpec>,
+    contract: Option<NumericContract>,
+) -> Result<Decoder> {
     let bar = if std::io::stderr().is_terminal() {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_message(format!("compiling and loading {}", args.model.display()));
@@ -343,8 +360,8 @@ fn load(args: &GenerateArgs, driver: Driver, spec: Option<DecoderSpec>) -> Resul
         let options = DecoderOptions {
             shape: BundleShape { chunk: args.chunk, capacity: args.capacity, slots: 1 },
             target: Target::Cpu { cpu: args.device.target_cpu.clone() },
+            contract,
             spec,
-            ..DecoderOptions::default()
         };
         anyhow::Ok(Decoder::load(&args.model, options, &device, &compiler, &cache)?)
     })();

@@ -13,8 +13,8 @@ use mlxcel_decoder::{DecoderSpec, resolve_names};
 use mlxcel_family_common::{Image, ImageError};
 use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
 use mlxcel_plugin_api::{
-    Capability, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError, ErrorCode,
-    ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PlaceMode, PluginSet,
+    Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError,
+    ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PlaceMode, PluginSet,
     Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
 };
 use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
@@ -52,6 +52,16 @@ impl<'a> MediaModel<'a> {
                 model.display(),
                 plugin_dir.display()
             )
+        // Every problem the plugin finds with the checkpoint's tensors (a module not found, a
+        // tensor missing, misshapen or stored in another dtype than the config names), before
+        // anything compiles.
+        let index = plugin_index(&Checkpoint::open(model)?);
+        if let Some(report) = plugin.check_checkpoint(&config, &index)?
+            && !report.problems.is_empty()
+        {
+            let problems: Vec<&str> = report.problems.iter().map(|p| p.as_str()).collect();
+            bail!("{} does not fit the {} plugin's encoder: {}", model.display(), plugin.name(), problems.join("; "));
+        }
         })?;
         let config = plugin
             .parse_config(&config_json, &processor_json(model)?)
@@ -377,6 +387,34 @@ pub(crate) fn processor_json(dir: &Path) -> Result<String> {
             }
             preprocessor
         }
+/// The checkpoint's tensors as the plugin ABI lists them; a tensor of a dtype the ABI does not
+/// name is left out (no encoder graph can declare it, so a graph naming it is told it is missing).
+pub(crate) fn plugin_index(checkpoint: &Checkpoint) -> CheckpointIndex {
+    let tensors = checkpoint
+        .tensors()
+        .iter()
+        .filter_map(|(name, entry)| {
+            let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
+            safetensors_dtype(&entry.dtype).map(|dtype| TensorSpec::new(name.as_str(), dtype, &shape))
+        })
+        .collect();
+    CheckpointIndex { tensors }
+}
+
+/// The ABI's dtype for a safetensors dtype name.
+pub(crate) fn safetensors_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "F32" => DType::F32,
+        "F16" => DType::F16,
+        "BF16" => DType::BF16,
+        "I32" => DType::I32,
+        "I64" => DType::I64,
+        "U8" => DType::U8,
+        "BOOL" => DType::Bool,
+        _ => return None,
+    })
+}
+
     };
     Ok(serde_json::Value::Object(merged).to_string())
 }

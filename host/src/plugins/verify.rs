@@ -30,14 +30,14 @@ use mlxcel_golden::{Fixture, Golden, Report, Tolerance};
 use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions, Logits};
 use mlxcel_plugin_api::conformance::tolerance;
 use mlxcel_plugin_api::{
-    CheckpointIndex, ContractRequest, DType, ItemMeta, LayoutRequest, LoadedPlugin, Manifest, Modality, ModelConfig,
-    PluginSet, Positions, PrefillProgram, Preprocessed, RVec, Tensor, TensorSpec, load_plugin, scan,
+    ContractRequest, DType, ItemMeta, LayoutRequest, LoadedPlugin, Manifest, Modality, ModelConfig, PluginSet,
+    Positions, PrefillProgram, Preprocessed, RVec, Tensor, load_plugin, scan,
 };
 use mlxcel_shim::{CacheOutcome, Checkpoint, CompileCache, Compiler, Device, Driver, Target};
 
 use super::tokens::Pieces;
 use crate::exec::DeviceArgs;
-use crate::multimodal::{Encoders, contract_input, decoder_spec, preprocess, processor_json, read_text};
+use crate::multimodal::{Encoders, contract_input, decoder_spec, plugin_index, preprocess, processor_json, read_text};
 use mlxcel_decoder::DecoderSpec;
 
 /// The unit of the decoder bundle's prefill chunk (see [`Kit::decoder_chunk`]).
@@ -425,16 +425,9 @@ impl<'a> Kit<'a> {
             Ok(c) => c,
             Err(e) => return stage("checkpoint", Outcome::Failed(e.to_string())),
         };
-        let tensors: RVec<TensorSpec> = checkpoint
-            .tensors()
-            .iter()
-            .filter_map(|(name, entry)| {
-                let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
-                safetensors_dtype(&entry.dtype).map(|dtype| TensorSpec::new(name.as_str(), dtype, &shape))
-            })
-            .collect();
-        let count = tensors.len();
-        let outcome = match self.plugin.check_checkpoint(&self.config, &CheckpointIndex { tensors }) {
+        let index = plugin_index(&checkpoint);
+        let count = index.tensors.len();
+        let outcome = match self.plugin.check_checkpoint(&self.config, &index) {
             Ok(None) => Outcome::Skipped("the plugin predates plugin-api 1.1 (no check_checkpoint)".to_owned()),
             Ok(Some(report)) if report.problems.is_empty() => {
                 Outcome::Checked(format!("no problems among the {count} checkpoint tensors"))
@@ -985,19 +978,6 @@ fn int_values(tensor: &Tensor) -> Vec<i64> {
         DType::I32 => data.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
         _ => data.iter().map(|&b| i64::from(b)).collect(),
     }
-}
-
-fn safetensors_dtype(name: &str) -> Option<DType> {
-    Some(match name {
-        "F32" => DType::F32,
-        "F16" => DType::F16,
-        "BF16" => DType::BF16,
-        "I32" => DType::I32,
-        "I64" => DType::I64,
-        "U8" => DType::U8,
-        "BOOL" => DType::Bool,
-        _ => return None,
-    })
 }
 
 #[cfg(test)]

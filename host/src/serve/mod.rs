@@ -21,7 +21,7 @@ use mlxcel_host::text::{ChatTemplate, Tokenizer, stop_tokens};
 use mlxcel_plugin_api::QualificationPolicy;
 use mlxcel_shim::{CompileCache, Compiler, Device, Driver, Target};
 
-use crate::exec::DeviceArgs;
+use crate::exec::{Compute, DeviceArgs};
 use crate::multimodal::{Encoders, MAX_INPUT_PIXELS, MediaModel};
 use crate::plugins::PluginDir;
 
@@ -56,6 +56,10 @@ pub(crate) struct ServeArgs {
     /// Serve capabilities the plugin's manifest does not mark qualified (experimental ones).
     #[arg(long)]
     allow_unqualified: bool,
+    /// The text decoder's activations: f32 (for f32 and bf16 checkpoints alike) or bf16
+    /// (experimental, text only, needs --allow-unqualified).
+    #[arg(long, value_enum, default_value = "f32")]
+    compute: Compute,
     /// Largest request body in bytes (images come inline as data URLs).
     #[arg(long, default_value_t = 32 << 20)]
     max_body_bytes: usize,
@@ -144,15 +148,16 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     let load_dir = dir.clone();
     let with_encoders = media.is_some();
     let spec = media.map(|m| m.decoder_spec()).transpose()?.flatten();
+    let contract = args.compute.contract(args.allow_unqualified, with_encoders)?;
     let loader: engine::Loader = Box::new(move || {
         let compiler = Compiler::locate()?;
         let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
         let device = Device::new(driver)?;
         let options = DecoderOptions {
             shape,
+            contract,
             target: Target::Cpu { cpu: device_args.target_cpu.clone() },
             spec: spec.clone(),
-            ..DecoderOptions::default()
         };
         let decoder = Decoder::load(&load_dir, options, &device, &compiler, &cache)
             .with_context(|| format!("loading the decoder of {}", load_dir.display()))?;

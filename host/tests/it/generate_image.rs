@@ -41,3 +41,30 @@ fn a_text_only_checkpoint_refuses_images() {
     assert!(stderr.contains("takes no images"), "{stderr}");
     assert!(stderr.contains("images need a vision-language checkpoint and its family plugin"), "{stderr}");
 }
+
+/// The encoder reads its weights in the dtype the config names, and the checkpoint is held to
+/// it tensor by tensor before anything compiles: a config that names another dtype than the
+/// one stored is refused, naming a tensor, both ways.
+#[test]
+fn a_config_naming_another_weight_dtype_than_the_stored_one_is_refused() {
+    let root = tempfile::tempdir().expect("tempdir");
+    for (name, stored, said) in [("qwen2_vl_bf16", "bf16", "float32"), ("qwen2_vl", "f32", "bfloat16")] {
+        let dir = root.path().join(name);
+        crate::support::copy_dir(&fixture(name), &dir);
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("json");
+        for section in ["text_config", "vision_config"] {
+            config[section]["dtype"] = said.into();
+        }
+        config["dtype"] = said.into();
+        std::fs::write(&path, config.to_string()).expect("write the config");
+        let image = dir.join("inputs/wide.png");
+        let stderr = refused(&generate(plugins(), &dir, &[image], "Describe.", &[]));
+        let want = format!(
+            "is stored as {stored}; the encoder graph reads {} weights",
+            if stored == "f32" { "bf16" } else { "f32" }
+        );
+        assert!(stderr.contains(&want) && stderr.contains("visual."), "{name}: {stderr}");
+    }
+}
