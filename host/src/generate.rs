@@ -31,8 +31,9 @@ pub(crate) struct GenerateArgs {
     /// The user message (or, with --raw, the whole prompt).
     #[arg(long)]
     prompt: String,
-    /// An image (png) placed before the prompt in the user message (repeatable, in order); the
-    /// checkpoint's family plugin preprocesses and encodes it.
+    /// An image (png, jpeg, webp or gif's first frame; its EXIF orientation applied) placed before
+    /// the prompt in the user message (repeatable, in order); the checkpoint's family plugin
+    /// preprocesses and encodes it.
     #[arg(long = "image", value_name = "FILE", conflicts_with = "raw")]
     images: Vec<PathBuf>,
     /// Serve capabilities the plugin's manifest does not mark qualified (experimental ones).

@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use mlxcel_decoder::prefill::{Injection, Mode, Placement as ProgramPlacement, Program};
 use mlxcel_decoder::{DecoderSpec, resolve_names};
-use mlxcel_family_common::{Image, ImageError};
 use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
 use mlxcel_plugin_api::{
     Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError,
@@ -20,9 +19,6 @@ use mlxcel_plugin_api::{
 use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
 
 use crate::exec::{DeviceArgs, compile};
-
-/// The PNG signature.
-const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 
 /// Compiler flags for encoder graphs. Encoders multiply hundreds of rows, so
 /// IREE's data tiling (both operands packed into tiles before each matmul)
@@ -159,7 +155,7 @@ impl MediaError {
                         _ => Fault::Server,
                     });
                 }
-                cause.downcast_ref::<ImageError>().map(|_| Fault::Input)
+                cause.downcast_ref::<mlxcel_media::Error>().map(|_| Fault::Input)
             })
             .unwrap_or(otherwise);
         MediaError { fault, error }
@@ -423,8 +419,9 @@ pub(crate) fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-/// Preprocesses one item: PNG images decoded to RGB by the host first, and passed encoded only
-/// if the plugin does not take decoded pixels (or the bytes are not a PNG).
+/// Preprocesses one item. Images are decoded to RGB by the host (PNG, JPEG, WebP, GIF, exactly
+/// as transformers' `load_image`), and passed encoded only if the plugin does not take decoded
+/// pixels, or the bytes are in a format the host does not read (a plugin may).
 pub(crate) fn preprocess(
     plugin: &LoadedPlugin,
     config: &ModelConfig,
@@ -434,7 +431,8 @@ pub(crate) fn preprocess(
     preprocess_limited(plugin, config, modality, bytes, MAX_INPUT_PIXELS)
 }
 
-/// [`preprocess`] refusing a PNG that declares more than `max_input_pixels` before decoding it.
+/// [`preprocess`] refusing an image whose header declares more than `max_input_pixels`
+/// before any pixel buffer exists.
 pub(crate) fn preprocess_limited(
     plugin: &LoadedPlugin,
     config: &ModelConfig,
@@ -446,29 +444,33 @@ pub(crate) fn preprocess_limited(
     let options = PreprocessOptions { max_pixels: limits.max_pixels_per_image.into(), ..Default::default() };
     let encoded = match modality {
         Modality::Image => {
-            if bytes.starts_with(PNG_MAGIC) {
-                let rgb = decode_png(bytes, max_input_pixels)?;
-                match plugin.preprocess(config, &rgb, &options) {
+            match decode_image(bytes, max_input_pixels) {
+                Ok(rgb) => match plugin.preprocess(config, &rgb, &options) {
                     Err(PluginApiError::Plugin { error, .. }) if error.code == ErrorCode::Unsupported => {}
                     other => return Ok(other?),
-                }
+                },
+                Err(mlxcel_media::Error::Unrecognized) => {}
+                Err(refused) => return Err(refused.into()),
             }
             MediaItem::EncodedImage(bytes.to_vec().into())
         }
         Modality::Audio | Modality::Video => MediaItem::EncodedAudio(bytes.to_vec().into()),
     };
     let preprocessed = plugin.preprocess(config, &encoded, &options);
-    if modality == Modality::Image && !bytes.starts_with(PNG_MAGIC) {
-        return preprocessed.context("not a png image (the host decodes png; the plugin did not take the bytes)");
+    if modality == Modality::Image && mlxcel_media::Format::sniff(bytes).is_none() {
+        return preprocessed.context(
+            "not an image in a format the host decodes (png, jpeg, webp, gif), and the plugin did not take the bytes",
+        );
     }
     Ok(preprocessed?)
 }
 
-/// Decodes a PNG to 8-bit RGB as the family plugins do (`mlxcel_family_common::Image`), alpha
-/// dropped as PIL's `convert("RGB")` does.
-pub(crate) fn decode_png(bytes: &[u8], max_pixels: u64) -> Result<MediaItem> {
-    let image = Image::decode_limited(bytes, max_pixels)?;
-    Ok(MediaItem::Rgb8 { width: image.width(), height: image.height(), pixels: image.pixels().to_vec().into() })
+/// Decodes an image to 8-bit RGB as transformers' `load_image` does (`mlxcel_media`: the
+/// EXIF orientation applied, alpha dropped, grey and palettes expanded).
+pub(crate) fn decode_image(bytes: &[u8], max_pixels: u64) -> Result<MediaItem, mlxcel_media::Error> {
+    let image = mlxcel_media::decode_limited(bytes, max_pixels)?;
+    let (width, height) = (image.width(), image.height());
+    Ok(MediaItem::Rgb8 { width, height, pixels: image.into_pixels().into() })
 }
 
 /// The plugin's encoder graphs compiled per bucket and run on a checkpoint's weights; each
@@ -735,8 +737,8 @@ mod tests {
             assert_eq!(MediaError::classify(plugin_error(code), Fault::Input).fault, fault, "{code:?}");
             assert_eq!(MediaError::classify(plugin_error(code), Fault::Server).fault, fault, "{code:?}");
         }
-        let not_png = anyhow::Error::new(ImageError::Format).context("image 2");
-        assert_eq!(MediaError::classify(not_png, Fault::Server).fault, Fault::Input);
+        let not_an_image = anyhow::Error::new(mlxcel_media::Error::Unrecognized).context("image 2");
+        assert_eq!(MediaError::classify(not_an_image, Fault::Server).fault, Fault::Input);
         let boundary = anyhow::Error::new(PluginApiError::BadConfig { reason: "x".into() });
         assert_eq!(MediaError::classify(boundary, Fault::Input).fault, Fault::Server);
         // An encoder that did not compile: nothing in the chain names the input.

@@ -481,14 +481,14 @@ fn image_source(url: &str, remote: bool) -> Result<ImageSource, ApiError> {
         }
         return Err(ApiError::invalid(
             "image_url_not_allowed",
-            "remote image URLs are not fetched by this server (it runs without --allow-remote-images); send the image inline as a data URL (data:image/png;base64,...)",
+            "remote image URLs are not fetched by this server (it runs without --allow-remote-images); send the image inline as a data URL (data:image/jpeg;base64,...: png, jpeg, webp or gif)",
         )
         .param("messages"));
     }
     let Some(rest) = url.strip_prefix("data:") else {
         return Err(ApiError::invalid(
             "invalid_image_url",
-            "an image_url must be a data URL (data:image/png;base64,...)",
+            "an image_url must be a data URL (data:image/jpeg;base64,...: png, jpeg, webp or gif)",
         )
         .param("messages"));
     };
@@ -799,7 +799,7 @@ mod tests {
     #[test]
     fn media_failures_blame_the_client_only_when_the_input_is_at_fault() {
         let input = MediaError::classify(
-            anyhow::Error::new(mlxcel_family_common::ImageError::Format).context("image 1"),
+            anyhow::Error::new(mlxcel_media::Error::Unrecognized).context("image 1"),
             Fault::Server,
         );
         let e = media_error(input);

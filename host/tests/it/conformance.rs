@@ -140,14 +140,16 @@ fn bad_images_are_refused_clearly(name: &str) {
     let bytes = std::fs::read(&any_image).expect("png");
     let cases = [
         (write("truncated.png", &bytes[..60]), "cannot decode the png"),
-        (dir.join("config.json"), "not a png image"),
+        (dir.join("config.json"), "not an image in a format the host decodes (png, jpeg, webp, gif)"),
+        (fixture("images").join("refused_jpeg_cmyk.jpg"), "unsupported jpeg image: cmyk colour"),
+        (fixture("images").join("refused_webp_animated.webp"), "unsupported webp image: animated"),
         (
             {
                 let mut empty = png(4, 4);
                 empty[16..20].copy_from_slice(&0u32.to_be_bytes());
                 write("empty.png", &empty)
             },
-            "the image is empty (0x4)",
+            "the png image is empty (0x4)",
         ),
     ];
     for (path, why) in &cases {

@@ -25,49 +25,9 @@ pub enum ImageError {
     /// The pixel buffer does not hold `width * height` RGB pixels.
     #[error("a {width}x{height} rgb image needs {expected} bytes, got {actual}")]
     Size { width: u32, height: u32, expected: u64, actual: u64 },
-    /// The bytes are not a decodable PNG.
-    #[error("cannot decode the png: {0}")]
-    Png(String),
-    /// The encoded bytes are in a format this crate does not decode.
-    #[error("unsupported image format (png is decoded; pass other formats as decoded rgb)")]
-    Format,
-    /// The header declares more pixels than the caller allows; refused before decoding.
-    #[error("the image is {width}x{height} ({pixels} pixels), over the limit of {limit} pixels")]
-    TooManyPixels { width: u32, height: u32, pixels: u64, limit: u64 },
-}
-
-/// The eight bytes every PNG starts with.
-const PNG_SIGNATURE: &[u8; 8] = b"\x89PNG\r\n\x1a\n";
-
-/// What the PNG decoder may allocate besides the decoded frame's size: the chunks it still
-/// keeps (palette, transparency, `eXIf`, animation control; text and ICC profiles are
-/// skipped, since decoding to RGB ignores them).
-const PNG_METADATA_BYTES: u64 = 1 << 20;
-
-/// The width and height a PNG declares, read from its `IHDR` chunk alone (the first chunk,
-/// right after the signature; its CRC is left to the decoder). Nothing is allocated, so this
-/// is the check to make before trusting an upload's size.
-pub fn png_dimensions(bytes: &[u8]) -> Result<(u32, u32), ImageError> {
-    if bytes.len() < PNG_SIGNATURE.len() && PNG_SIGNATURE.starts_with(bytes) {
-        return Err(ImageError::Png("truncated in the signature".into()));
-    }
-    if !bytes.starts_with(PNG_SIGNATURE) {
-        return Err(ImageError::Format);
-    }
-    // Length (4), type (4), then width (4), height (4), bit depth, colour type, compression,
-    // filter and interlace (1 each), then the CRC (4).
-    let Some(ihdr) = bytes.get(8..33) else {
-        return Err(ImageError::Png("truncated in the ihdr chunk".into()));
-    };
-    if ihdr[..8] != *b"\0\0\0\x0dIHDR" {
-        return Err(ImageError::Png("the first chunk is not a 13-byte ihdr".into()));
-    }
-    let field = |at: usize| u32::from_be_bytes([ihdr[at], ihdr[at + 1], ihdr[at + 2], ihdr[at + 3]]);
-    let (width, height) = (field(8), field(12));
-    if width == 0 || height == 0 {
-        return Err(ImageError::Empty { width, height });
-    }
-    Ok((width, height))
+    /// The encoded bytes do not decode (`mlxcel_media`: here built for PNG only).
+    #[error(transparent)]
+    Decode(#[from] mlxcel_media::Error),
 }
 
 /// An 8-bit RGB image, row-major, channels interleaved.
@@ -151,43 +111,20 @@ impl Image {
         Ok(Self { width, height, pixels })
     }
 
-    /// Decodes an encoded image of any size; PNG only. Alpha is dropped and grey expanded to
-    /// RGB, as PIL's `convert("RGB")` does for images without transparency. For untrusted
-    /// input use [`Image::decode_limited`].
+    /// Decodes an encoded image of any size as transformers' `load_image` does (orientation
+    /// applied, alpha dropped, grey and palettes expanded). The plugins build `mlxcel_media`
+    /// for PNG only; the host decodes every format and hands plugins RGB. For untrusted input
+    /// use [`Image::decode_limited`].
     pub fn decode(bytes: &[u8]) -> Result<Self, ImageError> {
         Self::decode_limited(bytes, u64::MAX)
     }
 
-    /// [`Image::decode`], refusing an image that declares more than `max_pixels` pixels
-    /// ([`ImageError::TooManyPixels`]) from its header, before any pixel buffer exists. The
-    /// decoder's own allocations are held to what the declared image needs: the decoded
-    /// frame's size (at most RGBA, 8 bits) plus a fixed allowance for metadata chunks.
+    /// [`Image::decode`], refusing an image whose header declares more than `max_pixels` pixels
+    /// before any pixel buffer exists.
     pub fn decode_limited(bytes: &[u8], max_pixels: u64) -> Result<Self, ImageError> {
-        let (width, height) = png_dimensions(bytes)?;
-        let pixels = u64::from(width) * u64::from(height);
-        if pixels > max_pixels {
-            return Err(ImageError::TooManyPixels { width, height, pixels, limit: max_pixels });
-        }
-        let budget = pixels.saturating_mul(4).saturating_add(PNG_METADATA_BYTES);
-        let limits = png::Limits { bytes: usize::try_from(budget).unwrap_or(usize::MAX) };
-        let png_error = |e: png::DecodingError| ImageError::Png(e.to_string().to_lowercase());
-        let mut decoder = png::Decoder::new_with_limits(std::io::Cursor::new(bytes), limits);
-        decoder.set_ignore_text_chunk(true);
-        decoder.set_ignore_iccp_chunk(true);
-        decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-        let mut reader = decoder.read_info().map_err(png_error)?;
-        let size = reader.output_buffer_size().ok_or_else(|| ImageError::Png("the image is too large".into()))?;
-        let mut buffer = vec![0; size];
-        let info = reader.next_frame(&mut buffer).map_err(png_error)?;
-        let data = &buffer[..info.buffer_size()];
-        let pixels: Vec<u8> = match info.color_type {
-            png::ColorType::Rgb => data.to_vec(),
-            png::ColorType::Rgba => data.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
-            png::ColorType::Grayscale => data.iter().flat_map(|&g| [g, g, g]).collect(),
-            png::ColorType::GrayscaleAlpha => data.chunks_exact(2).flat_map(|p| [p[0], p[0], p[0]]).collect(),
-            png::ColorType::Indexed => return Err(ImageError::Png("the palette was not expanded".into())),
-        };
-        Self::from_rgb8(info.width, info.height, pixels)
+        let rgb = mlxcel_media::decode_limited(bytes, max_pixels)?;
+        let (width, height) = (rgb.width(), rgb.height());
+        Self::from_rgb8(width, height, rgb.into_pixels())
     }
 
     pub fn width(&self) -> u32 {
@@ -393,8 +330,9 @@ mod tests {
         assert_eq!(Image::from_rgb8(0, 3, vec![]), Err(ImageError::Empty { width: 0, height: 3 }));
         let short = Image::from_rgb8(2, 2, vec![0; 11]).expect_err("short");
         assert_eq!(short.to_string(), "a 2x2 rgb image needs 12 bytes, got 11");
-        assert_eq!(Image::decode(b"GIF89a"), Err(ImageError::Format));
+        let bmp = Image::decode(b"BM6\0\0\0").expect_err("bmp");
+        assert_eq!(bmp, ImageError::Decode(mlxcel_media::Error::Unrecognized));
         let corrupt = Image::decode(b"\x89PNG\r\n\x1a\n\0\0\0").expect_err("corrupt");
-        assert!(matches!(corrupt, ImageError::Png(_)), "{corrupt}");
+        assert!(corrupt.to_string().starts_with("cannot decode the png"), "{corrupt}");
     }
 }

@@ -1,8 +1,8 @@
 //! What the family plugins share, written once: preprocessing with the same arithmetic as the
 //! reference processors, and the encoder blocks their vision towers are built from.
 //!
-//! - [`image`]: decoded RGB images, PNG decoding, Pillow-exact resampling, rescale and
-//!   normalise (transformers' PIL backend);
+//! - [`image`]: decoded RGB images (decoding is `mlxcel-media`'s, built here for PNG only),
+//!   Pillow-exact resampling, rescale and normalise (transformers' PIL backend);
 //! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify;
 //! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop;
 //! - [`config`]: the processor config's section, nested or flat, into a family's serde mirror;
@@ -20,5 +20,5 @@ pub mod vit;
 
 pub use clip::{ShortestEdgeError, center_crop, shortest_edge_size};
 pub use config::{Identity, PerChannel, Steps, WeightDtype, processor_section};
-pub use image::{Image, ImageError, Normalize, Resample, png_dimensions};
+pub use image::{Image, ImageError, Normalize, Resample};
 pub use patches::{PatchGrid, Patchify, ResizeError, smart_resize};
