@@ -39,11 +39,11 @@ pub(crate) struct GenerateArgs {
     /// Serve capabilities the plugin's manifest does not mark qualified (experimental ones).
     #[arg(long)]
     allow_unqualified: bool,
-    #[command(flatten)]
     /// The text decoder's activations: f32 (for f32 and bf16 checkpoints alike) or bf16
     /// (experimental, text only, needs --allow-unqualified).
     #[arg(long, value_enum, default_value = "f32")]
     compute: Compute,
+    #[command(flatten)]
     plugins: PluginDir,
     /// A system message placed before the user message.
     #[arg(long, conflicts_with = "raw")]
@@ -130,11 +130,11 @@ struct Report<'a> {
     sampling: &'a SamplingParams,
     seed: u64,
     compile_cache: &'static str,
-    timings: Timings,
     /// The decoder's weights as stored and its activations (`bf16` and `f32`: bf16 storage,
     /// f32 compute).
     weights: String,
     activations: String,
+    timings: Timings,
 }
 
 pub(crate) fn generate(args: &GenerateArgs) -> Result<()> {
@@ -160,8 +160,8 @@ fn run(args: &GenerateArgs) -> Result<()> {
         presence_penalty: args.presence_penalty,
     };
     let mut sampler = Sampler::new(params, args.seed).context("invalid sampling parameters")?;
-    if args.max_tokens == 0 {
     let contract = args.compute.contract(args.allow_unqualified, !args.images.is_empty())?;
+    if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
     let driver: Driver = args.device.driver.parse()?;
@@ -320,9 +320,9 @@ fn run(args: &GenerateArgs) -> Result<()> {
             sampling: sampler.params(),
             seed: sampler.seed(),
             compile_cache: cached,
-            timings,
             weights: decoder.fingerprint().dtype.clone(),
             activations: decoder.contract().activations.to_string(),
+            timings,
         };
         writeln!(out, "{}", serde_json::to_string(&report)?).context("writing to stdout")?;
     } else {
@@ -360,8 +360,8 @@ fn load(
         let device = Device::new(driver)?;
         let options = DecoderOptions {
             shape: BundleShape { chunk: args.chunk, capacity: args.capacity, slots: 1 },
-            target: Target::Cpu { cpu: args.device.target_cpu.clone() },
             contract,
+            target: Target::Cpu { cpu: args.device.target_cpu.clone() },
             spec,
         };
         anyhow::Ok(Decoder::load(&args.model, options, &device, &compiler, &cache)?)

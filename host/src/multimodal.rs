@@ -48,6 +48,10 @@ impl<'a> MediaModel<'a> {
                 model.display(),
                 plugin_dir.display()
             )
+        })?;
+        let config = plugin
+            .parse_config(&config_json, &processor_json(model)?)
+            .with_context(|| format!("the {} plugin cannot read {}", plugin.name(), model.display()))?;
         // Every problem the plugin finds with the checkpoint's tensors (a module not found, a
         // tensor missing, misshapen or stored in another dtype than the config names), before
         // anything compiles.
@@ -58,10 +62,6 @@ impl<'a> MediaModel<'a> {
             let problems: Vec<&str> = report.problems.iter().map(|p| p.as_str()).collect();
             bail!("{} does not fit the {} plugin's encoder: {}", model.display(), plugin.name(), problems.join("; "));
         }
-        })?;
-        let config = plugin
-            .parse_config(&config_json, &processor_json(model)?)
-            .with_context(|| format!("the {} plugin cannot read {}", plugin.name(), model.display()))?;
         Ok(Self { plugin, config })
     }
 
@@ -383,6 +383,10 @@ pub(crate) fn processor_json(dir: &Path) -> Result<String> {
             }
             preprocessor
         }
+    };
+    Ok(serde_json::Value::Object(merged).to_string())
+}
+
 /// The checkpoint's tensors as the plugin ABI lists them; a tensor of a dtype the ABI does not
 /// name is left out (no encoder graph can declare it, so a graph naming it is told it is missing).
 pub(crate) fn plugin_index(checkpoint: &Checkpoint) -> CheckpointIndex {
@@ -409,10 +413,6 @@ pub(crate) fn safetensors_dtype(name: &str) -> Option<DType> {
         "BOOL" => DType::Bool,
         _ => return None,
     })
-}
-
-    };
-    Ok(serde_json::Value::Object(merged).to_string())
 }
 
 pub(crate) fn read_text(path: &Path) -> Result<String> {
