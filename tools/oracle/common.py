@@ -9,7 +9,8 @@ Layout of one fixture directory:
     config.json, generation_config.json, model.safetensors,     the checkpoint (fp32, one shard)
     tokenizer.json, tokenizer_config.json, chat_template.jinja,
     processor_config.json (VLMs)
-    inputs/<image>.png                                          images the prompts refer to
+    inputs/<image>.png                                          images the prompts refer to (.jpg, .webp: files
+                                                                as clients send them, see client_formats)
     goldens/<variant>.safetensors                               tensors per stage (batch dimension dropped)
     goldens/<variant>.json                                      ints, text and metadata for that variant
     provenance.json                                             reference, versions, seed, command
@@ -216,8 +217,57 @@ def save_image(img: Image.Image, fixture: Path, name: str) -> str:
 
 
 def load_image(fixture: Path, rel: str) -> Image.Image:
-    with Image.open(fixture / rel) as im:
-        return im.convert("RGB")
+    """The image as transformers' `load_image` gives it for the file: Pillow opens it,
+    `ImageOps.exif_transpose` applies its orientation, `convert("RGB")`."""
+    from transformers.image_utils import load_image as reference_load_image
+
+    return reference_load_image(str(fixture / rel))
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image file as clients send it (a JPEG, a WebP, a phone's EXIF orientation): written to inputs/ byte
+    for byte and read back with transformers' `load_image`, as the reference reads a file."""
+
+    ext: str
+    data: bytes
+
+
+def save_encoded(img: EncodedImage, fixture: Path, name: str) -> str:
+    rel = f"inputs/{name}.{img.ext}"
+    (fixture / "inputs").mkdir(parents=True, exist_ok=True)
+    (fixture / rel).write_bytes(img.data)
+    return rel
+
+
+def client_formats(picture: Image.Image, stem: str) -> tuple[dict[str, EncodedImage], list["Variant"]]:
+    """`picture` as a client would send it: a JPEG (4:2:0, the encoders' default), a lossy WebP, and a JPEG
+    stored a quarter turn off with EXIF orientation 6 (what a phone writes; `load_image` turns it upright).
+    Returns the media by name and one single-image variant for each."""
+    import io
+
+    def encoded(im: Image.Image, fmt: str, **options: Any) -> bytes:
+        buf = io.BytesIO()
+        im.save(buf, fmt, **options)
+        return buf.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    media = {
+        f"{stem}_jpeg": EncodedImage("jpg", encoded(picture, "JPEG", quality=90, subsampling=2)),
+        f"{stem}_webp": EncodedImage("webp", encoded(picture, "WEBP", quality=80)),
+        f"{stem}_exif": EncodedImage("jpg", encoded(picture.transpose(Image.Transpose.ROTATE_90), "JPEG",
+                                                    quality=90, subsampling=2, exif=exif.tobytes())),
+    }
+    variants = [
+        Variant("image_jpeg", f"one image sent as a JPEG ({stem}, 4:2:0, quality 90)",
+                [("image", f"{stem}_jpeg"), SHORT_PROMPT]),
+        Variant("image_webp", f"one image sent as a lossy WebP ({stem}, quality 80)",
+                [("image", f"{stem}_webp"), SHORT_PROMPT]),
+        Variant("image_jpeg_exif", f"one JPEG stored a quarter turn off with EXIF orientation 6 ({stem} upright)",
+                [("image", f"{stem}_exif"), SHORT_PROMPT]),
+    ]
+    return media, variants
 
 
 AUDIO_RATE = 16000
@@ -569,18 +619,19 @@ def compare_checkpoint(built: Path, fixture: Path) -> None:
 
 def text_decoder_fixture(name: str, script: str, model_cls, config, tokenizer, check: bool,
                          notes: list[str] | None = None, dtype: torch.dtype = torch.float32,
-                         run_dtype: torch.dtype | None = None) -> None:
+                         run_dtype: torch.dtype | None = None, model=None) -> None:
     """Build, save, reload and record a text-only decoder fixture with a short and a long (multi-chunk) prompt.
 
     dtype: the checkpoint's dtype (the weights are drawn in f32 and rounded once); run_dtype: the reference
-    run's (default: the checkpoint's; f32 on a bf16 checkpoint widens the stored weights exactly)."""
+    run's (default: the checkpoint's; f32 on a bf16 checkpoint widens the stored weights exactly). model: the
+    weights to use instead of a fresh draw of `model_cls(config)` (another fixture's, for a form of it)."""
     run_dtype = run_dtype or dtype
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     setup_torch()
     fixture = FIXTURES / name
     print(f"{name}:", flush=True)
-    model = randomize(model_cls(config)).to(dtype)
+    model = (randomize(model_cls(config)) if model is None else model).to(dtype)
     out = stage_dir(fixture, check, run_dtype)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -668,7 +719,7 @@ def vlm_fixture(
     script: str,
     model,
     processor,
-    media: dict[str, Image.Image | np.ndarray],
+    media: dict[str, Image.Image | EncodedImage | np.ndarray],
     variants: list[Variant],
     *,
     check: bool,
@@ -682,7 +733,8 @@ def vlm_fixture(
 ) -> None:
     """Build, save, reload and record a multimodal fixture.
 
-    media: images (PIL, saved as PNG) and audio clips (int16 arrays, saved as 16 kHz WAV) by name.
+    media: images (PIL, saved as PNG; or EncodedImage files, saved as they are) and audio clips (int16 arrays,
+    saved as 16 kHz WAV) by name; every image is read back from its file with transformers' `load_image`.
     encoder(model, inputs): the encoder/projector stages for inputs that carry media.
     prepare(inputs): adjust the processor's output before the model sees it (kept in the goldens as given).
     extra(model, inputs, golden): add family-specific tensors or metadata after the reference run.
@@ -697,7 +749,8 @@ def vlm_fixture(
     model.save_pretrained(out)
     processor.save_pretrained(out)
     files = {
-        k: save_image(m, out, k) if isinstance(m, Image.Image) else save_audio(m, out, k)
+        k: save_encoded(m, out, k) if isinstance(m, EncodedImage)
+        else save_image(m, out, k) if isinstance(m, Image.Image) else save_audio(m, out, k)
         for k, m in sorted(media.items())
     }
     if post_save is not None:
@@ -733,7 +786,7 @@ def vlm_fixture(
         g.meta.update(messages=messages, prompt=prompt, processor_outputs=list(proc_keys))
         if imgs:
             g.meta.update(images=[files[i] for i in v.media("image")], image_backend=backend,
-                          image_sizes=[list(media[i].size) for i in v.media("image")])
+                          image_sizes=[list(im.size) for im in imgs])
         if clips:
             g.meta.update(audio=[files[a] for a in v.media("audio")], audio_rate=AUDIO_RATE,
                           audio_samples=[len(c) for c in clips])

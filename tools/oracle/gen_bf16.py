@@ -1,20 +1,26 @@
-"""The bf16 form of the vision-language fixtures: tests/fixtures/<name>_bf16 for qwen2_vl, gemma3 and llava.
+"""The bf16 form of the served fixtures: tests/fixtures/<name>_bf16 for the text decoders qwen3 and gemma3_text
+(qwen2's is tests/fixtures/qwen2_bf16_f32) and the vision-language qwen2_vl, gemma3 and llava. llama has none:
+rounded to bf16, its weights put two tokens within 1.4e-5 of each other on the standard prompts, under the
+greedy-margin guard (common.MIN_GREEDY_MARGIN), so its greedy tokens would not be a robust golden.
 
 Hub checkpoints store their weights in bf16. Each of these is its fixture's checkpoint with every float tensor
 rounded once to bf16 and stored so (the config says `dtype: bfloat16`), with the same processor, tokenizer, chat
 template and images. The reference loads it with `dtype=torch.float32`, which widens every stored weight exactly
 and computes in f32: bf16 storage with f32 compute, the parity reference for running a bf16 checkpoint's encoder
 and decoder without widening its weights in memory. Every golden is recomputed so, stage by stage, for the
-fixture's four standard variants."""
+fixture's four standard variants (a text decoder's two prompts)."""
+
+import shutil
 
 import common
 import torch
-from transformers import AutoModelForImageTextToText
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
 import gen_gemma3
 import gen_llava
 import gen_qwen2_vl
 
+TEXT = ["qwen3", "gemma3_text"]
 # What each family's generator passes to common.vlm_fixture besides the model, processor and images.
 FAMILIES = {
     "qwen2_vl": dict(encoder=gen_qwen2_vl.encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta),
@@ -25,9 +31,34 @@ NOTE = ("bf16 storage, f32 compute: the fixture's weights rounded once to bf16 a
         "them to f32 at load (dtype=torch.float32)")
 
 
+# The processor and tokenizer files, copied from the fixture byte for byte (saving a reloaded processor adds the
+# loader's own arguments to them).
+SAME_FILES = ["tokenizer.json", "tokenizer_config.json", "processor_config.json", "chat_template.jinja"]
+
+
+def same_files(base):
+    def copy(out):
+        for name in SAME_FILES:
+            if (base / name).is_file():
+                shutil.copyfile(base / name, out / name)
+    return copy
+
+
 def main() -> None:
     args = common.parse_args(__doc__)
     common.setup_torch()
+    for name in TEXT:
+        base = common.FIXTURES / name
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        model.config.dtype = "bfloat16"
+        tok = AutoTokenizer.from_pretrained(base)
+        for loader_argument in ("is_local", "local_files_only"):
+            tok.init_kwargs.pop(loader_argument, None)
+        common.text_decoder_fixture(
+            f"{name}_bf16", "gen_bf16.py", None, None, tok, args.check,
+            notes=[NOTE, f"made from tests/fixtures/{name}"], dtype=torch.bfloat16, run_dtype=torch.float32,
+            model=model,
+        )
     for name, kwargs in FAMILIES.items():
         base = common.FIXTURES / name
         model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32).to(torch.bfloat16)
@@ -35,7 +66,8 @@ def main() -> None:
             config.dtype = "bfloat16"
         processor, _ = common.load_processor(base)
         media = {stem: common.load_image(base, f"inputs/{stem}.png") for stem in ("tall", "wide")}
-        kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [NOTE, f"made from tests/fixtures/{name}"])
+        kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [NOTE, f"made from tests/fixtures/{name}"],
+                      post_save=same_files(base))
         common.vlm_fixture(
             f"{name}_bf16", "gen_bf16.py", model, processor, media, common.standard_variants("tall", "wide"),
             check=args.check, run_dtype=torch.float32, **kwargs,

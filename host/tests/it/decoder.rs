@@ -288,6 +288,19 @@ fn qwen2_bf16_weights_with_f32_compute_match_transformers() {
     check_parity("qwen2_bf16_f32", &["short", "long"], From::Tokens);
 }
 
+/// The bf16 form of the other text fixtures (`tools/oracle/gen_bf16.py`: the fixture's weights
+/// rounded once to bf16 and stored so), at parity with transformers in f32 on those weights.
+#[test]
+fn bf16_form_text_checkpoints_match_transformers() {
+    for name in ["qwen3_bf16", "gemma3_text_bf16"] {
+        let dec = load(name, SHAPE);
+        assert_eq!(dec.fingerprint().dtype, "bf16", "{name}: the weights are read as stored");
+        assert_eq!(dec.contract(), mlxcel_emit::NumericContract::f32(), "{name}: f32 compute");
+        drop(dec);
+        check_parity(name, &["short", "long"], From::Tokens);
+    }
+}
+
 /// The Hub's form of each text fixture (`tools/oracle/gen_hub.py`: legacy `rope_theta` and
 /// `rope_scaling`, no `layer_types`, Gemma 3's `sliding_window_pattern` and
 /// `rope_local_base_freq`) decodes to the same goldens as the form transformers 5 writes.
