@@ -7,7 +7,8 @@ bidirectional inside each image block (token_type_ids), combined with the slidin
 Stages: pixel_values, token_type_ids, vision_hidden (SigLIP last_hidden_state, post_layernorm applied),
 image_features (projector output), inputs_embeds, position_ids, attention masks (sliding and full, with the
 image blocks), logits, 16 cached greedy tokens. The Gemma3 projector's default initialisation is zero, which
-would disconnect the image entirely; every weight is redrawn."""
+would disconnect the image entirely; every weight is redrawn. Besides the standard variants, the wide picture as a
+client would send it (common.client_formats): a JPEG, a lossy WebP and an EXIF-rotated JPEG."""
 
 import common
 import gen_gemma3_text
@@ -68,8 +69,10 @@ def main() -> None:
     processor = Gemma3Processor(image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATE,
                                 image_seq_length=MM_TOKENS)
     images = {k: common.synthetic_image(w, h, kind) for k, (w, h, kind) in IMAGES.items()}
+    encoded, client_variants = common.client_formats(images["wide"], "wide")
     common.vlm_fixture(
-        "gemma3", "gen_gemma3.py", model, processor, images, common.standard_variants("tall", "wide"),
+        "gemma3", "gen_gemma3.py", model, processor, {**images, **encoded},
+        common.standard_variants("tall", "wide") + client_variants,
         check=args.check, encoder=encoder, notes=NOTES,
     )
 

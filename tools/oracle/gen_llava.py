@@ -5,7 +5,8 @@ CLIP vision tower, features from the second-to-last layer with the CLS row dropp
 
 Stages: pixel_values (shortest-edge resize + centre crop, PIL backend), vision_hidden (the selected CLIP
 layer without CLS), image_features (projector output, the rows placed at <image>), inputs_embeds,
-position_ids, logits, 16 cached greedy tokens."""
+position_ids, logits, 16 cached greedy tokens. Besides the standard variants, the wide picture as a client would
+send it (common.client_formats): a JPEG, a lossy WebP and an EXIF-rotated JPEG."""
 
 import common
 from transformers import CLIPImageProcessorPil, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
@@ -59,8 +60,10 @@ def main() -> None:
                                vision_feature_select_strategy="default", num_additional_image_tokens=1,
                                image_token="<image>", chat_template=CHAT_TEMPLATE)
     images = {k: common.synthetic_image(w, h, kind) for k, (w, h, kind) in IMAGES.items()}
+    encoded, client_variants = common.client_formats(images["wide"], "wide")
     common.vlm_fixture(
-        "llava", "gen_llava.py", model, processor, images, common.standard_variants("tall", "wide"),
+        "llava", "gen_llava.py", model, processor, {**images, **encoded},
+        common.standard_variants("tall", "wide") + client_variants,
         check=args.check, encoder=encoder,
     )
 

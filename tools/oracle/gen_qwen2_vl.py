@@ -2,7 +2,9 @@
 
 Stages: pixel_values + image_grid_thw (PIL backend), vision_hidden (ViT blocks, before the merger),
 image_features (after PatchMerger, the rows placed at <|image_pad|>), merged inputs_embeds, M-RoPE
-position_ids [3, N], rope_delta, logits, 16 cached greedy tokens."""
+position_ids [3, N], rope_delta, logits, 16 cached greedy tokens. Besides the standard variants, the wide picture
+sent as a client would send it (common.client_formats): a JPEG, a lossy WebP and an EXIF-rotated JPEG, each
+read by transformers' load_image from its file."""
 
 import common
 from transformers import (
@@ -76,8 +78,10 @@ def main() -> None:
     )
     model = common.randomize(Qwen2VLForConditionalGeneration(config))
     images = {k: common.synthetic_image(w, h, kind) for k, (w, h, kind) in IMAGES.items()}
+    encoded, client_variants = common.client_formats(images["wide"], "wide")
     common.vlm_fixture(
-        "qwen2_vl", "gen_qwen2_vl.py", model, processor(), images, common.standard_variants("tall", "wide"),
+        "qwen2_vl", "gen_qwen2_vl.py", model, processor(), {**images, **encoded},
+        common.standard_variants("tall", "wide") + client_variants,
         check=args.check, encoder=encoder, position_rows=3, extra=record_rope_delta,
     )
 

@@ -25,8 +25,14 @@ GREEDY = {"temperature": 0, "max_tokens": 16}
 IGNORE_EOS = {"ignore_eos": True}
 
 
+MIME = {".png": "image/png", ".jpg": "image/jpeg", ".webp": "image/webp", ".gif": "image/gif"}
+# Golden variants whose image is a file as clients send it (tools/oracle/common.py client_formats).
+CLIENT_FORMAT_VARIANTS = ["image_jpeg", "image_webp", "image_jpeg_exif"]
+
+
 def data_url(path):
-    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+    path = Path(path)
+    return f"data:{MIME[path.suffix]};base64," + base64.b64encode(path.read_bytes()).decode()
 
 
 def golden_messages(fixture, golden):
@@ -118,7 +124,8 @@ def scenario_models(client, args):
 
 
 def mixed_requests(args):
-    """Eight requests: text and image, greedy and seeded sampling, two of them golden variants."""
+    """Eight requests: text and image, greedy and seeded sampling, two of them golden variants; then the golden
+    variants sent as JPEG, WebP and EXIF-rotated JPEG, where the fixture has them."""
     wide = data_url(args.fixture / "inputs" / "wide.png")
     images = sorted((args.fixture / "inputs").glob("*.png"))
     other = data_url(images[-1])
@@ -141,6 +148,12 @@ def mixed_requests(args):
         else:
             params.update(temperature=0)
         requests.append((None, [{"role": "user", "content": content}], params))
+    # The fixture's images sent as JPEG, WebP and EXIF-rotated JPEG, when it has them, join the batch.
+    for variant in CLIENT_FORMAT_VARIANTS:
+        path = args.fixture / "goldens" / f"{variant}.json"
+        if path.exists():
+            params = {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY}
+            requests.append((variant, golden_messages(args.fixture, json.loads(path.read_text())), params))
     return requests
 
 
