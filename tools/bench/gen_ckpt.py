@@ -151,6 +151,10 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
     common.randomize(model)  # seed SEED + 1 = 1235
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
+        # The stored dtype, named as the Hub's checkpoints name it (the family plugins read their
+        # encoder weights in the dtype the config says).
+        for cfg in [model.config] + [getattr(model.config, k) for k in model.config.sub_configs]:
+            cfg.dtype = "bfloat16"
     timings["fill_s"] = time.perf_counter() - t
     assert model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr(), "not tied"
     eot, im_end = SPECIALS["<|endoftext|>"], SPECIALS["<|im_end|>"]
