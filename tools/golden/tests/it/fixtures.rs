@@ -3,11 +3,13 @@
 
 use mlxcel_golden::{Fixture, Golden, TensorData, Tolerance, fixtures_root};
 
+/// The checkpoint fixtures: every directory with a provenance and goldens. (The image corpus,
+/// `tests/fixtures/images`, has no goldens; mlxcel-media's tests check it.)
 fn fixtures() -> Vec<Fixture> {
     let mut dirs: Vec<_> = std::fs::read_dir(fixtures_root())
         .expect("tests/fixtures exists")
         .map(|e| e.expect("readable entry").path())
-        .filter(|p| p.join("provenance.json").is_file())
+        .filter(|p| p.join("provenance.json").is_file() && p.join("goldens").is_dir())
         .collect();
     dirs.sort();
     dirs.into_iter().map(Fixture::open).collect()
