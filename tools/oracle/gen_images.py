@@ -16,7 +16,7 @@ import struct
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image, features
