@@ -167,6 +167,14 @@ def decoded_cases() -> dict[str, tuple[str, bytes, str]]:
     add("jpeg_grey_progressive", "jpg", saved(large.convert("L"), "JPEG", quality=70, progressive=True),
         "progressive greyscale jpeg")
     add("jpeg_low_quality", "jpg", saved(large, "JPEG", quality=12, subsampling=2), "heavy quantisation, 4:2:0")
+    # Complete files libjpeg-turbo warns about, which Pillow decodes through.
+    whole = saved(small, "JPEG", quality=85)
+    add("jpeg_extraneous_bytes", "jpg", whole[:-2] + b"\x00\x01\x02" + whole[-2:],
+        "3 extraneous bytes before the end-of-image marker (a libjpeg-turbo warning)")
+    mid = (whole.index(b"\xff\xda") + len(whole)) // 2
+    mid += whole[mid - 1:mid + 1].count(0xFF)  # not inside a stuffed ff 00
+    add("jpeg_corrupt_scan", "jpg", whole[:mid] + b"\xff\xd3" + whole[mid:],
+        "a stray restart marker mid-scan (libjpeg-turbo's recovery from corrupt data, as in Pillow)")
     # EXIF orientations 2..8 (and 1) on JPEG; XMP only; a non-orientation value.
     for o in range(1, 9):
         add(f"jpeg_exif_{o}", "jpg", saved(small, "JPEG", quality=85, exif=exif_block(o)), f"exif orientation {o}")

@@ -11,6 +11,8 @@ pub(crate) struct Header {
     pub(crate) width: u32,
     pub(crate) height: u32,
     pub(crate) components: u8,
+    /// Where the first scan's marker stands.
+    pub(crate) scan: usize,
     pub(crate) metadata: Metadata,
 }
 
@@ -50,6 +52,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Header, Error> {
             return Err(corrupt("the image ends before its first scan"));
         }
         if marker == 0xda {
+            header.scan = at - 2;
             return if frame { Ok(header) } else { Err(corrupt("a scan before the frame header")) };
         }
         let Some(len) = bytes.get(at..at + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))) else {
