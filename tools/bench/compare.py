@@ -787,16 +787,13 @@ def print_table(r: dict) -> None:
     print(f"\n{r['tag']}: {r['model']}, image {r['image']} ({r['prompt_rows_image']} prompt rows), "
           f"{r['new']} new tokens, {r['reps']} reps (medians), threads {r['threads']}, driver {r['driver']}, "
           f"same prompt ids: {r['same_prompt_ids']}, max foreign load {r['foreign_cores_max']:.2f} cores\n")
-    print("| metric | mlxcel-host | transformers | mlxcel-host advantage (x) | bandwidth limit (copy / read) |")
-    print("|---|---|---|---|---|")
+    rows = []
     for k, v in r["metrics"].items():
-        a, b = v["mlxcel"], v["hf"]
-        if "bytes" in k:
-            a, b = gib(a), gib(b)
-        lim = ""
+        lim = None
         if r["limits"] and k in ("decode_1_tok_s", "aggregate_tok_s"):
-            lim = f"{r['limits']['copy'][k]:.3g} / {r['limits']['read'][k]:.3g}"
-        print(f"| {LABELS[k].format(streams=r['streams'])} | {fmt(a)} | {fmt(b)} | {fmt(r['ratios'].get(k))} | {lim} |")
+            lim = (r["limits"]["copy"][k], r["limits"]["read"][k])
+        rows.append((LABELS[k].format(streams=r["streams"]), k, v["mlxcel"], v["hf"], r["ratios"].get(k), lim))
+    print_rows(rows)
     if r["bandwidth"]:
         print(f"\nbandwidth ({r['threads']} threads): {json.dumps(r['bandwidth'])}")
         print(f"bytes per decode step: 1 stream {r['limits']['bytes_per_step_1'] / 1e9:.3f} GB, "
@@ -813,17 +810,23 @@ def print_table(r: dict) -> None:
 def print_bf16(v: dict, r: dict) -> None:
     print(f"\nbf16 checkpoint {v['model']} (bf16 storage: transformers computes in bf16, mlxcel-host in f32 over "
           f"the bf16 weights), same prompt ids: {v['same_prompt_ids']}\n")
+    rows = []
+    for k, m in v["metrics"].items():
+        lim = (v["limits"]["copy"], v["limits"]["read"]) if k == "decode_1_tok_s" and v.get("limits") else None
+        label = "peak RSS, `generate` 1 slot / HF process (GiB)" if k == "peak_rss_1_stream_bytes" else LABELS[k]
+        rows.append((label.format(streams=r["streams"]), k, m["mlxcel"], m["hf"], m["ratio"], lim))
+    print_rows(rows)
+
+
+def print_rows(rows: list[tuple]) -> None:
+    """A markdown table of (label, metric key, mlxcel-host, transformers, ratio, (copy, read) limit or None)."""
     print("| metric | mlxcel-host | transformers | mlxcel-host advantage (x) | bandwidth limit (copy / read) |")
     print("|---|---|---|---|---|")
-    for k, m in v["metrics"].items():
-        a, b = m["mlxcel"], m["hf"]
+    for label, k, a, b, ratio, lim in rows:
         if "bytes" in k:
             a, b = gib(a), gib(b)
-        lim = ""
-        if k == "decode_1_tok_s" and v.get("limits"):
-            lim = f"{v['limits']['copy']:.3g} / {v['limits']['read']:.3g}"
-        label = "peak RSS, `generate` 1 slot / HF process (GiB)" if k == "peak_rss_1_stream_bytes" else LABELS[k]
-        print(f"| {label.format(streams=r['streams'])} | {fmt(a)} | {fmt(b)} | {fmt(m['ratio'])} | {lim} |")
+        limit = f"{lim[0]:.3g} / {lim[1]:.3g}" if lim else ""
+        print(f"| {label} | {fmt(a)} | {fmt(b)} | {fmt(ratio)} | {limit} |")
 
 
 def print_ratios(r: dict) -> None:
