@@ -3,6 +3,9 @@
 rounded to bf16, its weights put two tokens within 1.4e-5 of each other on the standard prompts, under the
 greedy-margin guard (common.MIN_GREEDY_MARGIN), so its greedy tokens would not be a robust golden.
 
+llava also gets an f16 form, tests/fixtures/llava_f16, made the same way with float16 (LLaVA-1.5's checkpoints on
+the Hub are float16): f16 storage, f32 compute.
+
 Hub checkpoints store their weights in bf16. Each of these is its fixture's checkpoint with every float tensor
 rounded once to bf16 and stored so (the config says `dtype: bfloat16`), with the same processor, tokenizer, chat
 template and images. The reference loads it with `dtype=torch.float32`, which widens every stored weight exactly
@@ -27,8 +30,14 @@ FAMILIES = {
     "gemma3": dict(encoder=gen_gemma3.encoder, notes=list(gen_gemma3.NOTES)),
     "llava": dict(encoder=gen_llava.encoder),
 }
-NOTE = ("bf16 storage, f32 compute: the fixture's weights rounded once to bf16 and stored so; the reference widens "
-        "them to f32 at load (dtype=torch.float32)")
+# The narrow forms each vision-language fixture gets, by torch dtype and config name.
+FORMS = {"qwen2_vl": ["bfloat16"], "gemma3": ["bfloat16"], "llava": ["bfloat16", "float16"]}
+SHORT = {"bfloat16": "bf16", "float16": "f16"}
+
+
+def note(dtype: str) -> str:
+    return (f"{SHORT[dtype]} storage, f32 compute: the fixture's weights rounded once to {SHORT[dtype]} and stored so; "
+            "the reference widens them to f32 at load (dtype=torch.float32)")
 
 
 # The processor and tokenizer files, copied from the fixture byte for byte (saving a reloaded processor adds the
@@ -56,20 +65,20 @@ def main() -> None:
             tok.init_kwargs.pop(loader_argument, None)
         common.text_decoder_fixture(
             f"{name}_bf16", "gen_bf16.py", None, None, tok, args.check,
-            notes=[NOTE, f"made from tests/fixtures/{name}"], dtype=torch.bfloat16, run_dtype=torch.float32,
+            notes=[note("bfloat16"), f"made from tests/fixtures/{name}"], dtype=torch.bfloat16, run_dtype=torch.float32,
             model=model,
         )
-    for name, kwargs in FAMILIES.items():
+    for (name, kwargs), dtype in ((item, dtype) for item in FAMILIES.items() for dtype in FORMS[item[0]]):
         base = common.FIXTURES / name
-        model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32).to(torch.bfloat16)
+        model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32).to(getattr(torch, dtype))
         for config in [model.config] + [getattr(model.config, k) for k in model.config.sub_configs]:
-            config.dtype = "bfloat16"
+            config.dtype = dtype
         processor, _ = common.load_processor(base)
         media = {stem: common.load_image(base, f"inputs/{stem}.png") for stem in ("tall", "wide")}
-        kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [NOTE, f"made from tests/fixtures/{name}"],
+        kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [note(dtype), f"made from tests/fixtures/{name}"],
                       post_save=same_files(base))
         common.vlm_fixture(
-            f"{name}_bf16", "gen_bf16.py", model, processor, media, common.standard_variants("tall", "wide"),
+            f"{name}_{SHORT[dtype]}", "gen_bf16.py", model, processor, media, common.standard_variants("tall", "wide"),
             check=args.check, run_dtype=torch.float32, **kwargs,
         )
 

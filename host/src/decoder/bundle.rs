@@ -713,28 +713,32 @@ fn embed_dtype(ckpt: &Checkpoint, names: &DecoderWeights) -> (String, String) {
 fn contract_for(ckpt: &Checkpoint, names: &DecoderWeights) -> Result<NumericContract, DecoderError> {
     let (key, found) = embed_dtype(ckpt, names);
     match found.as_str() {
-        // bf16 weights stay bf16 in memory and are widened inside each op: f32 compute, as
+        // bf16 and f16 weights stay so in memory and are widened inside each op: f32 compute, as
         // transformers computes on them loaded with `dtype=torch.float32` (the parity reference).
-        "F32" | "BF16" => Ok(NumericContract::f32()),
-        _ => Err(DecoderError::WeightDtype { key, found, want: "f32 or bf16".into() }),
+        "F32" | "BF16" | "F16" => Ok(NumericContract::f32()),
+        _ => Err(DecoderError::WeightDtype { key, found, want: "f32, bf16 or f16".into() }),
     }
 }
 
 /// The dtype the checkpoint stores the decoder's weights in, which must be
 /// the contract's activation dtype (f32 checkpoints run the f32 contract).
-/// The dtype the weights are stored (and read) in: f32 or bf16 under f32 compute, bf16 under
+/// The dtype the weights are stored (and read) in: f32, bf16 or f16 under f32 compute, bf16 under
 /// bf16 compute (which has no f32 weights to narrow). Every tensor is then checked to be in it.
 fn weight_dtype(ckpt: &Checkpoint, names: &DecoderWeights, contract: &NumericContract) -> Result<Elem, DecoderError> {
     let (key, found) = embed_dtype(ckpt, names);
     let stored = Elem::from_safetensors(&found);
     match (stored, contract.activations) {
-        (Some(Elem::F32 | Elem::BF16), Elem::F32) | (Some(Elem::BF16), Elem::BF16) => {
+        (Some(Elem::F32 | Elem::BF16 | Elem::F16), Elem::F32) | (Some(Elem::BF16), Elem::BF16) => {
             Ok(stored.expect("invariant: matched as some"))
         }
         _ => Err(DecoderError::WeightDtype {
             key,
             found,
-            want: format!("f32 or bf16 weights for {}", contract.activations),
+            want: format!(
+                "{} weights for {} activations",
+                if contract.activations == Elem::F32 { "f32, bf16 or f16" } else { "bf16" },
+                contract.activations
+            ),
         }),
     }
 }

@@ -52,19 +52,23 @@ impl Identity {
         match name {
             "float32" => Ok(WeightDtype::F32),
             "bfloat16" => Ok(WeightDtype::BF16),
-            other => Err(format!("config.json: weights stored as `{other}` are not served (float32 or bfloat16)")),
+            "float16" => Ok(WeightDtype::F16),
+            other => {
+                Err(format!("config.json: weights stored as `{other}` are not served (float32, bfloat16 or float16)"))
+            }
         }
     }
 }
 
-/// The dtype a checkpoint stores its weights in. Encoders compute in f32 either way: bf16
-/// weights stay bf16 in memory and are widened inside the graph, as transformers widens them
-/// when it loads a bf16 checkpoint in f32.
+/// The dtype a checkpoint stores its weights in. Encoders compute in f32 either way: bf16 and
+/// f16 weights stay so in memory and are widened inside the graph, as transformers widens them
+/// when it loads such a checkpoint in f32.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightDtype {
     #[default]
     F32,
     BF16,
+    F16,
 }
 
 impl WeightDtype {
@@ -73,6 +77,7 @@ impl WeightDtype {
         match self {
             WeightDtype::F32 => mlxcel_emit::Elem::F32,
             WeightDtype::BF16 => mlxcel_emit::Elem::BF16,
+            WeightDtype::F16 => mlxcel_emit::Elem::F16,
         }
     }
 
@@ -81,6 +86,7 @@ impl WeightDtype {
         match self {
             WeightDtype::F32 => mlxcel_plugin_api::DType::F32,
             WeightDtype::BF16 => mlxcel_plugin_api::DType::BF16,
+            WeightDtype::F16 => mlxcel_plugin_api::DType::F16,
         }
     }
 }
@@ -160,8 +166,9 @@ mod tests {
         assert_eq!(read(r#"{"dtype": "float32", "torch_dtype": "float32"}"#), Ok(WeightDtype::F32));
         let both = read(r#"{"dtype": "float32", "torch_dtype": "bfloat16"}"#).expect_err("two dtypes");
         assert!(both.contains("disagree"), "{both}");
-        let f16 = read(r#"{"torch_dtype": "float16"}"#).expect_err("not served");
-        assert!(f16.contains("`float16`"), "{f16}");
+        assert_eq!(read(r#"{"torch_dtype": "float16"}"#), Ok(WeightDtype::F16));
+        let f64 = read(r#"{"torch_dtype": "float64"}"#).expect_err("not served");
+        assert!(f64.contains("`float64`"), "{f64}");
     }
 
     #[test]
