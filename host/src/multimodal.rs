@@ -52,17 +52,27 @@ impl<'a> MediaModel<'a> {
         let config = plugin
             .parse_config(&config_json, &processor_json(model)?)
             .with_context(|| format!("the {} plugin cannot read {}", plugin.name(), model.display()))?;
-        // Every problem the plugin finds with the checkpoint's tensors (a module not found, a
-        // tensor missing, misshapen or stored in another dtype than the config names), before
-        // anything compiles.
+        Ok(Self { plugin, config })
+    }
+
+    /// Every problem the plugin finds with the checkpoint's tensors (a module not found, a
+    /// tensor missing, misshapen or stored in another dtype than the config names), before
+    /// anything compiles. Run where images are to be served; a text prompt needs only the
+    /// plugin's decoder spec.
+    pub(crate) fn check_checkpoint(&self, model: &Path) -> Result<()> {
         let index = plugin_index(&Checkpoint::open(model)?);
-        if let Some(report) = plugin.check_checkpoint(&config, &index)?
+        if let Some(report) = self.plugin.check_checkpoint(&self.config, &index)?
             && !report.problems.is_empty()
         {
             let problems: Vec<&str> = report.problems.iter().map(|p| p.as_str()).collect();
-            bail!("{} does not fit the {} plugin's encoder: {}", model.display(), plugin.name(), problems.join("; "));
+            bail!(
+                "{} does not fit the {} plugin's encoder: {}",
+                model.display(),
+                self.plugin.name(),
+                problems.join("; ")
+            );
         }
-        Ok(Self { plugin, config })
+        Ok(())
     }
 
     pub(crate) fn plugin(&self) -> &'a LoadedPlugin {
@@ -205,6 +215,7 @@ impl<'a> MediaRequest<'a> {
         policy: QualificationPolicy,
     ) -> Result<Self> {
         let media = MediaModel::open(plugins, plugin_dir, model)?;
+        media.check_checkpoint(model)?;
         media.admit(images.len(), policy)?;
         let mut items = Vec::new();
         for path in images {

@@ -123,7 +123,12 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             let (plugin_dir, set) = args.plugins.scan()?;
             let set: &'static _ = Box::leak(Box::new(set));
             match MediaModel::open(set, &plugin_dir, &dir) {
-                Ok(media) => Some(Box::leak(Box::new(media))),
+                // A plugin accepts the checkpoint: it must fit the plugin's encoder, or the server
+                // would advertise images it cannot encode.
+                Ok(media) => {
+                    media.check_checkpoint(&dir)?;
+                    Some(Box::leak(Box::new(media)))
+                }
                 Err(e) => {
                     eprintln!("serving text only: {e:#}");
                     None
