@@ -186,14 +186,21 @@ impl Decoder {
             target: options.target.fingerprint(),
         };
         let key_parts = vec![fingerprint.digest()];
-        // Weights stored narrower than the activations are widened inside each op; IREE's
-        // const-expr hoisting would instead precompute a widened copy of every weight at load
-        // (the checkpoint's bytes twice over resident, and read by every decode step).
-        let flags: Vec<String> = if weights == contract.activations {
-            Vec::new()
-        } else {
-            vec!["--iree-opt-const-expr-hoisting=false".to_owned()]
-        };
+        let quantized = config.quantization.is_some() && index.keys().any(|k| k.ends_with(".scales"));
+        let mut flags: Vec<String> = Vec::new();
+        // Weights stored narrower than the activations are widened (or dequantized) inside each
+        // op; IREE's const-expr hoisting would instead precompute a widened copy of every weight
+        // at load (the checkpoint's bytes several times over resident, and read by every step).
+        if weights != contract.activations || quantized {
+            flags.push("--iree-opt-const-expr-hoisting=false".to_owned());
+        }
+        // With aggressive dispatch fusion IREE 3.13 fuses a quantized weight's dequantization
+        // into the row-by-row reductions of a decode step (see `NumericContract::qlinear`), so
+        // the packed integers are what is read; without it each dequantized weight is written
+        // out in f32 and read back.
+        if quantized {
+            flags.push("--iree-dispatch-creation-enable-aggressive-fusion".to_owned());
+        }
         let request = CompileRequest {
             name: "decoder",
             mlir: &mlir,
@@ -646,6 +653,7 @@ fn runtime_dtype(e: Elem) -> Option<DType> {
         Elem::I64 => DType::I64,
         Elem::I32 => DType::I32,
         Elem::I1 => DType::Bool,
+        Elem::I4 | Elem::I8 | Elem::U4 | Elem::U8 => return None,
     })
 }
 
@@ -702,16 +710,18 @@ pub fn checkpoint_index(ckpt: &Checkpoint) -> Index {
         .collect()
 }
 
-/// The checkpoint's embedding-table key and its safetensors dtype.
-fn embed_dtype(ckpt: &Checkpoint, names: &DecoderWeights) -> (String, String) {
-    let key = names.embed();
+/// The dtype the checkpoint stores its dense tensors in, read from the final norm (dense in
+/// every checkpoint form, where an MLX checkpoint's embedding table may be packed integers): its
+/// key and safetensors dtype.
+fn dense_dtype(ckpt: &Checkpoint, names: &DecoderWeights) -> (String, String) {
+    let key = names.key(mlxcel_decoder::Tensor::Norm).expect("invariant: the final norm has a key");
     let found = ckpt.get(&key).map(|e| e.dtype.clone()).unwrap_or_default();
     (key, found)
 }
 
 /// The contract matching the checkpoint's weight dtype.
 fn contract_for(ckpt: &Checkpoint, names: &DecoderWeights) -> Result<NumericContract, DecoderError> {
-    let (key, found) = embed_dtype(ckpt, names);
+    let (key, found) = dense_dtype(ckpt, names);
     match found.as_str() {
         // bf16 and f16 weights stay so in memory and are widened inside each op: f32 compute, as
         // transformers computes on them loaded with `dtype=torch.float32` (the parity reference).
@@ -725,7 +735,7 @@ fn contract_for(ckpt: &Checkpoint, names: &DecoderWeights) -> Result<NumericCont
 /// The dtype the weights are stored (and read) in: f32, bf16 or f16 under f32 compute, bf16 under
 /// bf16 compute (which has no f32 weights to narrow). Every tensor is then checked to be in it.
 fn weight_dtype(ckpt: &Checkpoint, names: &DecoderWeights, contract: &NumericContract) -> Result<Elem, DecoderError> {
-    let (key, found) = embed_dtype(ckpt, names);
+    let (key, found) = dense_dtype(ckpt, names);
     let stored = Elem::from_safetensors(&found);
     match (stored, contract.activations) {
         (Some(Elem::F32 | Elem::BF16 | Elem::F16), Elem::F32) | (Some(Elem::BF16), Elem::BF16) => {

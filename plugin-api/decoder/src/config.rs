@@ -198,6 +198,9 @@ pub struct TextConfig {
     pub injected_layers: usize,
     /// The final logits are `tanh(logits / c) * c` (Gemma's `final_logit_softcapping`).
     pub final_softcap: Option<f64>,
+    /// MLX's affine quantization as `config.json`'s root records it (which linears it applies
+    /// to is read from the checkpoint's tensors).
+    pub quantization: Option<crate::QuantConfig>,
 }
 
 /// Why a config cannot be served.
@@ -262,6 +265,7 @@ impl TextConfig {
     pub fn parse_with(json: &str, spec: Option<&DecoderSpec>) -> Result<Self, ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid { path: "config.json".into(), reason };
         let mut root: serde_json::Value = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+        let quantization = crate::QuantConfig::from_config(&root).map_err(invalid)?;
         let value = match root.get_mut("text_config").map(serde_json::Value::take) {
             Some(mut text) => {
                 if text.get("tie_word_embeddings").is_none_or(serde_json::Value::is_null)
@@ -467,6 +471,7 @@ impl TextConfig {
             mrope,
             injected_layers: preset.injected_layers,
             final_softcap,
+            quantization,
             spec: preset,
         })
     }

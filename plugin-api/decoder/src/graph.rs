@@ -24,10 +24,10 @@
 
 use std::cell::RefCell;
 
-use mlxcel_emit::{Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
+use mlxcel_emit::{AffineWeight, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
 
 use crate::config::{Activation, LayerKind, TextConfig};
-use crate::weights::{DecoderWeights, Index, LayerTensor, Tensor, WeightsError};
+use crate::weights::{DecoderWeights, Index, LayerTensor, Linear, Tensor, WeightsError, check_affine, dense_problems};
 
 /// Why a bundle cannot be emitted for a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -156,30 +156,58 @@ impl KvLayout {
     }
 }
 
+/// A matrix the graph reads as it is stored: dense in the checkpoint's dtype, or MLX's affine
+/// quantization (the packed integers declared as `i4`/`i8` `[out, in]`, scales and biases).
+#[derive(Clone)]
+enum Lin {
+    Dense(Global),
+    Affine { q: Global, scales: Global, biases: Global, group_size: usize },
+}
+
+impl Lin {
+    fn load(&self, f: &mut Func) -> LoadedLin {
+        match self {
+            Lin::Dense(w) => LoadedLin::Dense(f.load(w)),
+            Lin::Affine { q, scales, biases, group_size } => LoadedLin::Affine(AffineWeight {
+                q: f.load(q),
+                scales: f.load(scales),
+                biases: f.load(biases),
+                group_size: *group_size,
+            }),
+        }
+    }
+}
+
+enum LoadedLin {
+    Dense(Value),
+    Affine(AffineWeight),
+}
+
 struct Layer {
     ln1: Global,
-    q: Global,
-    k: Global,
-    v: Global,
+    q: Lin,
+    k: Lin,
+    v: Lin,
     qkv_bias: Option<[Global; 3]>,
     qk_norm: Option<[Global; 2]>,
-    o: Global,
+    o: Lin,
     /// Gemma's norm on the attention output, before the residual add.
     post_attn: Option<Global>,
     /// The norm before the MLP.
     ln2: Global,
     /// Gemma's norm on the MLP output, before the residual add.
     post_mlp: Option<Global>,
-    gate: Global,
-    up: Global,
-    down: Global,
+    gate: Lin,
+    up: Lin,
+    down: Lin,
 }
 
 struct Weights {
-    embed: Global,
+    /// The embedding table `[vocab, hidden]`: dense, or quantized like a linear's weight.
+    embed: Lin,
     layers: Vec<Layer>,
     norm: Global,
-    lm_head: Global,
+    lm_head: Lin,
 }
 
 /// Which cache slots the rows of a call use.
@@ -211,24 +239,50 @@ pub fn emit(
     weights: Elem,
 ) -> Result<String, GraphError> {
     let mut m = Module::new("decoder");
-    // Every declared parameter, for the check against the checkpoint.
+    // Every declared dense parameter, for the check against the checkpoint, and the problems
+    // found with quantized ones as they are declared.
     let declared: RefCell<Vec<(String, Vec<usize>)>> = RefCell::default();
+    let problems: RefCell<Vec<String>> = RefCell::default();
     let p = |m: &mut Module, key: String, shape: &[usize]| {
         declared.borrow_mut().push((key.clone(), shape.to_vec()));
         m.param(&key, Type::new(weights, shape))
     };
+    // A matrix `[out, in]` as the checkpoint stores it.
+    let lin = |m: &mut Module, key: String, out: usize, inputs: usize| -> Lin {
+        let linear = Linear::detect(index, &key, cfg.quantization.as_ref());
+        let Linear::Affine { weight, scales, biases, .. } = &linear else { return Lin::Dense(p(m, key, &[out, inputs])) };
+        match check_affine(index, &linear, out, inputs) {
+            Ok(layout) => {
+                let q = layout.quantization;
+                let packed = if q.bits == 4 { Elem::I4 } else { Elem::I8 };
+                let groups = [out, inputs / q.group_size];
+                Lin::Affine {
+                    q: m.param(weight, Type::new(packed, &[out, inputs])),
+                    scales: m.param(scales, Type::new(layout.scales, &groups)),
+                    biases: m.param(biases, Type::new(layout.scales, &groups)),
+                    group_size: q.group_size,
+                }
+            }
+            Err(found) => {
+                problems.borrow_mut().extend(found);
+                // A stand-in so the graph completes; the problems above fail the emit.
+                Lin::Dense(m.param(weight, Type::new(weights, &[out, inputs])))
+            }
+        }
+    };
     let (h, d) = (cfg.hidden, cfg.head_dim);
     let key = |t: Tensor| names.key(t).expect("invariant: every tensor but an absent head has a key");
-    let embed = p(&mut m, key(Tensor::Embed), &[cfg.vocab, h]);
+    let embed = lin(&mut m, key(Tensor::Embed), cfg.vocab, h);
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
         use LayerTensor as L;
         let n = |m: &mut Module, t: LayerTensor, shape: &[usize]| p(m, key(Tensor::Layer(i, t)), shape);
+        let l = |m: &mut Module, t: LayerTensor, out: usize, inputs: usize| lin(m, key(Tensor::Layer(i, t)), out, inputs);
         layers.push(Layer {
             ln1: n(&mut m, L::AttnInNorm, &[h]),
-            q: n(&mut m, L::Q, &[cfg.heads * d, h]),
-            k: n(&mut m, L::K, &[cfg.kv_heads * d, h]),
-            v: n(&mut m, L::V, &[cfg.kv_heads * d, h]),
+            q: l(&mut m, L::Q, cfg.heads * d, h),
+            k: l(&mut m, L::K, cfg.kv_heads * d, h),
+            v: l(&mut m, L::V, cfg.kv_heads * d, h),
             qkv_bias: cfg.qkv_bias.then(|| {
                 [
                     n(&mut m, L::QBias, &[cfg.heads * d]),
@@ -237,18 +291,18 @@ pub fn emit(
                 ]
             }),
             qk_norm: cfg.qk_norm.then(|| [n(&mut m, L::QNorm, &[d]), n(&mut m, L::KNorm, &[d])]),
-            o: n(&mut m, L::O, &[h, cfg.heads * d]),
+            o: l(&mut m, L::O, h, cfg.heads * d),
             post_attn: cfg.sandwich_norms.then(|| n(&mut m, L::AttnOutNorm, &[h])),
             ln2: n(&mut m, L::MlpInNorm, &[h]),
             post_mlp: cfg.sandwich_norms.then(|| n(&mut m, L::MlpOutNorm, &[h])),
-            gate: n(&mut m, L::Gate, &[cfg.intermediate, h]),
-            up: n(&mut m, L::Up, &[cfg.intermediate, h]),
-            down: n(&mut m, L::Down, &[h, cfg.intermediate]),
+            gate: l(&mut m, L::Gate, cfg.intermediate, h),
+            up: l(&mut m, L::Up, cfg.intermediate, h),
+            down: l(&mut m, L::Down, h, cfg.intermediate),
         });
     }
     let norm = p(&mut m, key(Tensor::Norm), &[h]);
     let lm_head = match names.key(Tensor::LmHead) {
-        Some(head) => p(&mut m, head, &[cfg.vocab, h]),
+        Some(head) => lin(&mut m, head, cfg.vocab, h),
         None => embed.clone(),
     };
     let kv = KvLayout::of(cfg, contract.activations);
@@ -327,16 +381,44 @@ pub fn emit(
     m.add_func(f, &[logits]);
 
     let declared = declared.into_inner();
-    DecoderWeights::check(index, declared.iter().map(|(k, s)| (k.as_str(), s.as_slice())), weights)?;
+    let mut problems = problems.into_inner();
+    problems.extend(dense_problems(index, declared.iter().map(|(k, s)| (k.as_str(), s.as_slice())), weights));
+    if !problems.is_empty() {
+        return Err(WeightsError::Tensors(problems).into());
+    }
     Ok(m.finish()?)
 }
 
 impl Emitter<'_> {
-    /// The embedding table's rows for `tokens`, in the activation dtype.
+    /// The embedding table's rows for `tokens`, in the activation dtype; a quantized table's
+    /// rows are gathered packed, with their scales and biases, and dequantized as a linear's
+    /// weight is.
     fn rows(&self, f: &mut Func, tokens: &Value) -> Value {
-        let table = f.load(&self.w.embed);
-        let rows = f.gather_rows(&table, tokens);
-        f.convert(&rows, self.c.activations)
+        match self.w.embed.load(f) {
+            LoadedLin::Dense(table) => {
+                let rows = f.gather_rows(&table, tokens);
+                f.convert(&rows, self.c.activations)
+            }
+            LoadedLin::Affine(table) => {
+                let rows = AffineWeight {
+                    q: f.gather_rows(&table.q, tokens),
+                    scales: f.gather_rows(&table.scales, tokens),
+                    biases: f.gather_rows(&table.biases, tokens),
+                    group_size: table.group_size,
+                };
+                let d = self.c.dequantize(f, &rows);
+                let d = f.reshape(&d, &rows.shape());
+                f.convert(&d, self.c.activations)
+            }
+        }
+    }
+
+    /// `x @ w^T (+ bias)` through the contract, for `w` as the checkpoint stores it.
+    fn linear(&self, f: &mut Func, x: &Value, w: &Lin, bias: Option<&Value>) -> Value {
+        match w.load(f) {
+            LoadedLin::Dense(w) => self.c.linear(f, x, &w, bias),
+            LoadedLin::Affine(w) => self.c.qlinear(f, x, &w, bias),
+        }
     }
 
     /// The rows scaled by the family's embedding scale (Gemma's `sqrt(hidden)`): what the token
@@ -404,8 +486,7 @@ impl Emitter<'_> {
     /// The LM head over final-normed rows `[R, H]`: f32 logits `[R, V]`, soft-capped in the
     /// activation dtype when the config caps them.
     fn head(&self, f: &mut Func, x: &Value) -> Value {
-        let head = f.load(&self.w.lm_head);
-        let mut logits = self.c.linear(f, x, &head, None);
+        let mut logits = self.linear(f, x, &self.w.lm_head, None);
         if let Some(cap) = self.cfg.final_softcap {
             logits = self.c.softcap(f, &logits, cap);
         }
@@ -496,9 +577,8 @@ impl Emitter<'_> {
         let style = cfg.norm_style;
         let hx = c.rms_norm(f, x, &ln1, cfg.rms_eps, style);
         let bias = |f: &mut Func, i: usize| w.qkv_bias.as_ref().map(|bs| f.load(&bs[i]));
-        let proj = |f: &mut Func, wg: &Global, bi: Option<Value>, heads: usize| {
-            let wv = f.load(wg);
-            let y = c.linear(f, &hx, &wv, bi.as_ref());
+        let proj = |f: &mut Func, w: &Lin, bi: Option<Value>, heads: usize| {
+            let y = self.linear(f, &hx, w, bi.as_ref());
             f.reshape(&y, &[b, t, heads, d])
         };
         let bq = bias(f, 0);
@@ -568,8 +648,7 @@ impl Emitter<'_> {
         let out = c.matmul(f, &probs, &values, (&[0, 1], &[0, 2]), (&[4], &[1]));
         let out = f.transpose(&out, &[0, 2, 1, 3, 4]);
         let out = f.reshape(&out, &[b, t, nh * d]);
-        let o = f.load(&w.o);
-        let mut attn = c.linear(f, &out, &o, None);
+        let mut attn = self.linear(f, &out, &w.o, None);
         if let Some(post) = &w.post_attn {
             let pw = f.load(post);
             attn = c.rms_norm(f, &attn, &pw, cfg.rms_eps, style);
@@ -578,15 +657,14 @@ impl Emitter<'_> {
 
         let ln2 = f.load(&w.ln2);
         let hx = c.rms_norm(f, &x, &ln2, cfg.rms_eps, style);
-        let (gw, uw, dw) = (f.load(&w.gate), f.load(&w.up), f.load(&w.down));
-        let gate = c.linear(f, &hx, &gw, None);
-        let up = c.linear(f, &hx, &uw, None);
+        let gate = self.linear(f, &hx, &w.gate, None);
+        let up = self.linear(f, &hx, &w.up, None);
         let act = match cfg.activation {
             Activation::Silu => c.silu(f, &gate),
             Activation::GeluTanh => c.gelu_tanh(f, &gate),
         };
         let prod = f.mul(&act, &up);
-        let mut down = c.linear(f, &prod, &dw, None);
+        let mut down = self.linear(f, &prod, &w.down, None);
         if let Some(post) = &w.post_mlp {
             let pw = f.load(post);
             down = c.rms_norm(f, &down, &pw, cfg.rms_eps, style);

@@ -19,6 +19,6 @@ pub use config::{ConfigError, TextConfig};
 pub use graph::{BundleShape, GraphError, KvLayout};
 pub use spec::{DecoderSpec, SPEC_SCHEMA, SpecError};
 pub use weights::{
-    DecoderWeights, Index, LayerTensor, Linear, Quantization, Tensor, TensorInfo, WeightsError, resolve_names,
-    resolve_root, split_logical,
+    AffineLayout, DecoderWeights, Index, LayerTensor, Linear, QuantConfig, Quantization, Tensor, TensorInfo,
+    WeightsError, check_affine, dense_problems, resolve_names, resolve_root, split_logical,
 };

@@ -102,12 +102,106 @@ pub fn resolve_names<'a>(
     Ok(keys)
 }
 
-/// A quantized checkpoint's `quantization` (MLX's `config.json`): bits per weight and the
-/// columns sharing one scale and bias.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One quantized module's parameters (MLX's `quantization` in `config.json`): bits per weight
+/// and the consecutive inputs sharing one scale and bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Quantization {
     pub bits: u32,
     pub group_size: usize,
+}
+
+impl Quantization {
+    /// Integers per packed `uint32` word.
+    pub fn per_word(&self) -> usize {
+        32 / self.bits as usize
+    }
+}
+
+/// A checkpoint's quantization as MLX's converters record it in `config.json`: `quantization`
+/// (and the same under `quantization_config`) holds the default `group_size`, `bits` and `mode`,
+/// and, per module path, either that module's own `{group_size, bits}` or `false` (left dense).
+/// Which linears are quantized is read from the tensors (scales and biases beside a weight), as
+/// MLX's loader reads it; the config says with which parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QuantConfig {
+    /// The default for modules without an entry; `None` when only per-module entries are given.
+    pub default: Option<Quantization>,
+    /// Per module path (`model.layers.0.mlp.down_proj`): its parameters, or `None` for dense.
+    pub modules: BTreeMap<String, Option<Quantization>>,
+}
+
+/// The bit widths the graphs dequantize: whole values per byte, so a packed word is IREE's
+/// `i4`/`i8` packing of the same bytes.
+pub const QUANT_BITS: [u32; 2] = [4, 8];
+
+impl QuantConfig {
+    /// The quantization recorded in a `config.json` root, `None` when it records none. Refused:
+    /// `quantization` and `quantization_config` that disagree, a mode other than `affine`
+    /// (MLX's default, also when `mode` is absent), bit widths other than 4 and 8, a group size
+    /// of 0, and any entry that is neither a parameter nor a module's `{...}` or `false`.
+    pub fn from_config(root: &serde_json::Value) -> Result<Option<QuantConfig>, String> {
+        let (a, b) = (root.get("quantization"), root.get("quantization_config"));
+        let block = match (a, b) {
+            (Some(a), Some(b)) if a != b => {
+                return Err("`quantization` and `quantization_config` differ; which applies is ambiguous".into());
+            }
+            (Some(v), _) | (None, Some(v)) => v,
+            (None, None) => return Ok(None),
+        };
+        let Some(fields) = block.as_object() else {
+            return Err(format!("`quantization` is {block}, not an object"));
+        };
+        // transformers' own quantization configs (bitsandbytes, GPTQ, AWQ, ...) name a method.
+        if let Some(method) = fields.get("quant_method") {
+            return Err(format!("quantization method {method} is not implemented (MLX's affine quantization is)"));
+        }
+        let params = |what: &str, v: &serde_json::Map<String, serde_json::Value>| -> Result<Quantization, String> {
+            if let Some(mode) = v.get("mode").filter(|m| m.as_str() != Some("affine")) {
+                return Err(format!("{what}: quantization mode {mode} is not implemented (affine is)"));
+            }
+            let int = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+            let (Some(bits), Some(group_size)) = (int("bits"), int("group_size")) else {
+                return Err(format!("{what}: needs integer `bits` and `group_size`"));
+            };
+            if !QUANT_BITS.contains(&(bits as u32)) {
+                return Err(format!("{what}: {bits}-bit quantization is not implemented (4 and 8 are)"));
+            }
+            if group_size == 0 {
+                return Err(format!("{what}: group_size is 0"));
+            }
+            Ok(Quantization { bits: bits as u32, group_size: group_size as usize })
+        };
+        let mut config = QuantConfig::default();
+        let mut own = serde_json::Map::new();
+        for (key, value) in fields {
+            match (key.as_str(), value) {
+                ("bits" | "group_size" | "mode", _) => {
+                    own.insert(key.clone(), value.clone());
+                }
+                (_, serde_json::Value::Bool(false)) => {
+                    config.modules.insert(key.clone(), None);
+                }
+                (_, serde_json::Value::Object(m)) => {
+                    config.modules.insert(key.clone(), Some(params(&format!("module `{key}`"), m)?));
+                }
+                _ => return Err(format!("quantization entry `{key}` = {value} is not understood")),
+            }
+        }
+        if !own.is_empty() {
+            config.default = Some(params("quantization", &own)?);
+        }
+        Ok(Some(config))
+    }
+
+    /// The parameters of the module whose weight is `key` (`<module>.weight`): its own entry,
+    /// else the default; `None` when the config leaves it dense.
+    pub fn for_weight(&self, key: &str) -> Option<Quantization> {
+        let module = key.strip_suffix(".weight").unwrap_or(key);
+        match self.modules.get(module) {
+            Some(own) => *own,
+            None => self.default,
+        }
+    }
 }
 
 /// A linear layer's weight as a checkpoint stores it.
@@ -116,7 +210,7 @@ pub enum Linear {
     /// One matrix in its dtype.
     Dense { weight: String },
     /// MLX's affine quantization: `weight` packs `bits`-bit integers into
-    /// u32 words, and each group of `group_size` columns has a scale and a
+    /// u32 words, and each group of `group_size` inputs has a scale and a
     /// bias (`w = scale * q + bias`); `quantization` is `None` when the
     /// config does not say, which a graph reading it must refuse.
     Affine { weight: String, scales: String, biases: String, quantization: Option<Quantization> },
@@ -124,12 +218,17 @@ pub enum Linear {
 
 impl Linear {
     /// How the checkpoint stores the linear weight `key` (`...weight`): affine when
-    /// `...scales` and `...biases` sit beside it, with the config's `quantization`.
-    pub fn detect(index: &Index, key: &str, quantization: Option<Quantization>) -> Linear {
+    /// `...scales` and `...biases` sit beside it, with the config's parameters for it.
+    pub fn detect(index: &Index, key: &str, quantization: Option<&QuantConfig>) -> Linear {
         let base = key.strip_suffix(".weight").unwrap_or(key);
         let (scales, biases) = (format!("{base}.scales"), format!("{base}.biases"));
         match (index.contains_key(&scales), index.contains_key(&biases)) {
-            (true, true) => Linear::Affine { weight: key.to_owned(), scales, biases, quantization },
+            (true, true) => Linear::Affine {
+                weight: key.to_owned(),
+                scales,
+                biases,
+                quantization: quantization.and_then(|q| q.for_weight(key)),
+            },
             _ => Linear::Dense { weight: key.to_owned() },
         }
     }
@@ -260,26 +359,104 @@ impl DecoderWeights {
         declared: impl IntoIterator<Item = (&'a str, &'a [usize])>,
         dtype: Elem,
     ) -> Result<(), WeightsError> {
-        let mut problems = Vec::new();
-        for (key, shape) in declared {
-            if let Linear::Affine { .. } = Linear::detect(index, key, None) {
-                problems.push(format!(
-                    "`{key}` is affine-quantized (scales and biases beside it); this decoder reads dense weights"
-                ));
-                continue;
-            }
-            match index.get(key) {
-                None => problems.push(format!("`{key}` is missing")),
-                Some(t) if t.shape != shape => {
-                    problems.push(format!("`{key}` has shape {:?}, the config needs {shape:?}", t.shape));
-                }
-                Some(t) if Elem::from_safetensors(&t.dtype) != Some(dtype) => {
-                    problems.push(format!("`{key}` is {}, the decoder reads {dtype}", t.dtype));
-                }
-                Some(_) => {}
-            }
-        }
+        let problems = dense_problems(index, declared, dtype);
         if problems.is_empty() { Ok(()) } else { Err(WeightsError::Tensors(problems)) }
+    }
+}
+
+/// [`DecoderWeights::check`]'s problems, one line each.
+pub fn dense_problems<'a>(
+    index: &Index,
+    declared: impl IntoIterator<Item = (&'a str, &'a [usize])>,
+    dtype: Elem,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (key, shape) in declared {
+        if let Linear::Affine { .. } = Linear::detect(index, key, None) {
+            problems.push(format!(
+                "`{key}` is affine-quantized (scales and biases beside it); this decoder reads dense weights"
+            ));
+            continue;
+        }
+        match index.get(key) {
+            None => problems.push(format!("`{key}` is missing")),
+            Some(t) if t.shape != shape => {
+                problems.push(format!("`{key}` has shape {:?}, the config needs {shape:?}", t.shape));
+            }
+            Some(t) if Elem::from_safetensors(&t.dtype) != Some(dtype) => {
+                problems.push(format!("`{key}` is {}, the decoder reads {dtype}", t.dtype));
+            }
+            Some(_) => {}
+        }
+    }
+    problems
+}
+
+/// An affine-quantized linear as a graph reads it: the parameters, and the dtype its scales
+/// and biases are stored in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AffineLayout {
+    pub quantization: Quantization,
+    pub scales: Elem,
+}
+
+/// Checks the affine-quantized linear `linear` (from [`Linear::detect`]) for a weight of
+/// `[out, inputs]`: the config gives it parameters, the inputs divide into groups and whole
+/// words, the packed weight is `U32 [out, inputs * bits / 32]`, and the scales and biases are
+/// `[out, inputs / group_size]` in one float dtype. Every problem is returned, one line each.
+pub fn check_affine(index: &Index, linear: &Linear, out: usize, inputs: usize) -> Result<AffineLayout, Vec<String>> {
+    let Linear::Affine { weight, scales, biases, quantization } = linear else {
+        return Err(vec![format!("`{}` is not affine-quantized", linear.weight())]);
+    };
+    let Some(q) = *quantization else {
+        return Err(vec![format!(
+            "`{weight}` is affine-quantized (scales and biases beside it), but config.json gives this module no \
+             quantization parameters (no `quantization`, or its entry is false)"
+        )]);
+    };
+    let mut problems = Vec::new();
+    if !inputs.is_multiple_of(q.group_size) || !(inputs * q.bits as usize).is_multiple_of(32) {
+        problems.push(format!(
+            "`{weight}`: {inputs} inputs do not divide into groups of {} and whole 32-bit words of {}-bit values",
+            q.group_size, q.bits
+        ));
+        return Err(problems);
+    }
+    let expect = |problems: &mut Vec<String>, key: &str, shape: &[usize], dtypes: &[&str]| -> Option<String> {
+        match index.get(key) {
+            None => problems.push(format!("`{key}` is missing")),
+            Some(t) if t.shape != shape => problems.push(format!(
+                "`{key}` has shape {:?}; {}-bit groups of {} over a [{out}, {inputs}] weight need {shape:?}",
+                t.shape, q.bits, q.group_size
+            )),
+            Some(t) if !dtypes.contains(&t.dtype.as_str()) => {
+                problems.push(format!("`{key}` is {}, expected {}", t.dtype, dtypes.join(" or ")))
+            }
+            Some(t) => return Some(t.dtype.clone()),
+        }
+        None
+    };
+    let groups = [out, inputs / q.group_size];
+    expect(&mut problems, weight, &[out, inputs * q.bits as usize / 32], &["U32"]);
+    let s = expect(&mut problems, scales, &groups, &["F32", "BF16", "F16"]);
+    let b = expect(&mut problems, biases, &groups, &["F32", "BF16", "F16"]);
+    match (s, b) {
+        (Some(s), Some(b)) if s != b => problems.push(format!("`{scales}` is {s} but `{biases}` is {b}")),
+        (Some(s), Some(_)) if problems.is_empty() => {
+            let scales = Elem::from_safetensors(&s).expect("invariant: a float dtype checked above");
+            return Ok(AffineLayout { quantization: q, scales });
+        }
+        _ => {}
+    }
+    Err(problems)
+}
+
+impl Linear {
+    /// The weight's key.
+    pub fn weight(&self) -> &str {
+        match self {
+            Linear::Dense { weight } | Linear::Affine { weight, .. } => weight,
+        }
     }
 }
 
@@ -452,15 +629,89 @@ mod tests {
     #[test]
     fn a_linear_with_scales_and_biases_beside_it_is_affine() {
         let idx = index(&[("q.weight", "U32", &[4, 1]), ("q.scales", "F32", &[4, 1]), ("q.biases", "F32", &[4, 1])]);
+        let q4 = Quantization { bits: 4, group_size: 64 };
+        let config = QuantConfig { default: Some(q4), modules: BTreeMap::new() };
         assert_eq!(
-            Linear::detect(&idx, "q.weight", Some(Quantization { bits: 4, group_size: 64 })),
+            Linear::detect(&idx, "q.weight", Some(&config)),
             Linear::Affine {
                 weight: "q.weight".into(),
                 scales: "q.scales".into(),
                 biases: "q.biases".into(),
-                quantization: Some(Quantization { bits: 4, group_size: 64 }),
+                quantization: Some(q4),
             }
         );
-        assert_eq!(Linear::detect(&idx, "p.weight", None), Linear::Dense { weight: "p.weight".into() });
+        assert_eq!(Linear::detect(&idx, "p.weight", Some(&config)), Linear::Dense { weight: "p.weight".into() });
+    }
+
+    fn quant(json: &str) -> Result<Option<QuantConfig>, String> {
+        QuantConfig::from_config(&serde_json::from_str(json).expect("json"))
+    }
+
+    #[test]
+    fn mlx_quantization_configs_are_read_with_their_module_overrides() {
+        assert_eq!(quant(r#"{"model_type": "qwen3"}"#), Ok(None));
+        let q = quant(
+            r#"{"quantization": {"group_size": 32, "bits": 4, "mode": "affine",
+                "lm_head": {"group_size": 64, "bits": 8}, "model.layers.1.self_attn.v_proj": false},
+                "quantization_config": {"group_size": 32, "bits": 4, "mode": "affine",
+                "lm_head": {"group_size": 64, "bits": 8}, "model.layers.1.self_attn.v_proj": false}}"#,
+        )
+        .expect("valid")
+        .expect("quantized");
+        assert_eq!(q.for_weight("model.layers.0.mlp.up_proj.weight"), Some(Quantization { bits: 4, group_size: 32 }));
+        assert_eq!(q.for_weight("lm_head.weight"), Some(Quantization { bits: 8, group_size: 64 }));
+        assert_eq!(q.for_weight("model.layers.1.self_attn.v_proj.weight"), None);
+        // An older converter writes no mode: affine, MLX's default.
+        let q = quant(r#"{"quantization": {"group_size": 64, "bits": 8}}"#).expect("valid").expect("quantized");
+        assert_eq!(q.default, Some(Quantization { bits: 8, group_size: 64 }));
+    }
+
+    #[test]
+    fn quantization_the_graphs_cannot_honour_is_refused() {
+        for (json, why) in [
+            (r#"{"quantization": {"group_size": 64, "bits": 3}}"#, "3-bit quantization is not implemented"),
+            (r#"{"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}"#, "mode \"mxfp4\" is not implemented"),
+            (r#"{"quantization": {"group_size": 0, "bits": 4}}"#, "group_size is 0"),
+            (r#"{"quantization": {"bits": 4}}"#, "needs integer `bits` and `group_size`"),
+            (r#"{"quantization": {"group_size": 64, "bits": 4, "x": {"bits": 5, "group_size": 64}}}"#, "module `x`: 5-bit"),
+            (r#"{"quantization": {"group_size": 64, "bits": 4, "x": 7}}"#, "entry `x` = 7 is not understood"),
+            (
+                r#"{"quantization": {"group_size": 64, "bits": 4}, "quantization_config": {"group_size": 32, "bits": 4}}"#,
+                "differ",
+            ),
+            (r#"{"quantization_config": {"quant_method": "gptq", "bits": 4}}"#, "method \"gptq\" is not implemented"),
+        ] {
+            let err = quant(json).expect_err(json);
+            assert!(err.contains(why), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_affine_linear_is_checked_against_its_packed_shape() {
+        let q4 = Quantization { bits: 4, group_size: 32 };
+        let affine = |q: Option<Quantization>| Linear::Affine {
+            weight: "w.weight".into(),
+            scales: "w.scales".into(),
+            biases: "w.biases".into(),
+            quantization: q,
+        };
+        let good = index(&[("w.weight", "U32", &[8, 8]), ("w.scales", "BF16", &[8, 2]), ("w.biases", "BF16", &[8, 2])]);
+        assert_eq!(
+            check_affine(&good, &affine(Some(q4)), 8, 64),
+            Ok(AffineLayout { quantization: q4, scales: Elem::BF16 })
+        );
+        let none = check_affine(&good, &affine(None), 8, 64).expect_err("no parameters");
+        assert!(none[0].contains("gives this module no quantization parameters"), "{none:?}");
+        let odd = check_affine(&good, &affine(Some(Quantization { bits: 4, group_size: 48 })), 8, 64).expect_err("48");
+        assert!(odd[0].contains("do not divide into groups of 48"), "{odd:?}");
+        let bad = index(&[("w.weight", "U32", &[8, 16]), ("w.scales", "F32", &[8, 2]), ("w.biases", "BF16", &[8, 2])]);
+        let found = check_affine(&bad, &affine(Some(q4)), 8, 64).expect_err("bad");
+        assert_eq!(
+            found,
+            [
+                "`w.weight` has shape [8, 16]; 4-bit groups of 32 over a [8, 64] weight need [8, 8]",
+                "`w.scales` is F32 but `w.biases` is BF16",
+            ]
+        );
     }
 }

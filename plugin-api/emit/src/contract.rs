@@ -11,7 +11,8 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v3: exact GELU (`gelu_erf`) and `quick_gelu`.
 /// v4: `linear` over at most [`WEIGHT_LEFT_MAX_ROWS`] rows contracts with
 /// the weight on the left (`w @ x^T`).
-pub const CONTRACT_VERSION: u32 = 4;
+/// v5: MLX's affine-quantized weights (`dequantize`, `qlinear`).
+pub const CONTRACT_VERSION: u32 = 5;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -21,6 +22,25 @@ pub const CONTRACT_VERSION: u32 = 4;
 /// against 5.4, but 32 rows 9.9 against 12.8. Larger row counts (prefill,
 /// encoders) keep `x @ w^T`, and with it their measured bf16 numerics.
 pub const WEIGHT_LEFT_MAX_ROWS: usize = 16;
+
+/// A linear weight `[out, in]` in MLX's affine quantization, as a module declares it: `q` holds
+/// the `bits`-bit integers (signless `i4` or `i8`: the checkpoint's packed `uint32` words read as
+/// such), `scales` and `biases` `[out, in / group_size]` are in the checkpoint's dtype, and
+/// `w = q * scale + bias` per group of `group_size` consecutive inputs.
+#[derive(Clone, Debug)]
+pub struct AffineWeight {
+    pub q: Value,
+    pub scales: Value,
+    pub biases: Value,
+    pub group_size: usize,
+}
+
+impl AffineWeight {
+    /// `[out, in]`.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.q.shape()[0], self.q.shape()[1]]
+    }
+}
 
 /// How a graph materialises and accumulates values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -65,6 +85,81 @@ impl NumericContract {
             f.transpose(&yt, &perm)
         } else {
             f.dot_general(&xa, &wa, (&[], &[]), (&[last], &[1]))
+        };
+        if let Some(b) = bias {
+            let ba = f.convert(b, self.accumulate);
+            let shape = y.shape().to_vec();
+            let bb = f.broadcast_to(&ba, &shape);
+            y = f.add(&y, &bb);
+        }
+        f.convert(&y, self.activations)
+    }
+
+    /// The weight of an affine-quantized linear, `[out, groups, group_size]` in the accumulator:
+    /// each integer zero-extended and converted exactly, then `q * scale` rounded, then `+ bias`
+    /// rounded (two roundings, in this order, as MLX's `dequantize` computes; scales and biases
+    /// are widened exactly). Rows gathered from a quantized table (`[t, in]` with their
+    /// `[t, groups]` scales and biases) dequantize the same way.
+    pub fn dequantize(&self, f: &mut Func, w: &AffineWeight) -> Value {
+        let [out, inputs] = w.shape();
+        let g = w.group_size;
+        let groups = inputs / g.max(1);
+        let unsigned = match w.q.elem() {
+            Elem::I4 => Elem::U4,
+            Elem::I8 => Elem::U8,
+            other => other,
+        };
+        let q = f.reshape(&w.q, &[out, groups, g]);
+        let q = f.bitcast_convert(&q, unsigned);
+        let q = f.convert(&q, self.accumulate);
+        let shape = [out, groups, g];
+        let s = f.convert(&w.scales, self.accumulate);
+        let s = f.broadcast(&s, &shape, &[0, 1]);
+        let b = f.convert(&w.biases, self.accumulate);
+        let b = f.broadcast(&b, &shape, &[0, 1]);
+        let scaled = f.mul(&q, &s);
+        f.add(&scaled, &b)
+    }
+
+    /// `x @ w^T (+ bias)` for an affine-quantized `w`: the weight dequantized in the accumulator
+    /// ([`Self::dequantize`]), contracted with `x` widened to the accumulator, the bias added, and
+    /// the result rounded once to the activation dtype, as [`Self::linear`].
+    ///
+    /// At most [`WEIGHT_LEFT_MAX_ROWS`] rows (decode steps) contract row by row as a
+    /// multiply-and-reduce over `[out, groups, group_size]`: IREE 3.13 then fuses the
+    /// dequantization into each row's reduction (with aggressive dispatch fusion), so what is
+    /// read from memory is the packed integers, once per row. A contraction over more than one
+    /// row, or a `dot_general`, is collapsed to 2-D first and keeps the dequantized weight as a
+    /// separate dispatch; larger row counts (prefill) take that path, the weight materialised
+    /// once per call.
+    pub fn qlinear(&self, f: &mut Func, x: &Value, w: &AffineWeight, bias: Option<&Value>) -> Value {
+        let [out, inputs] = w.shape();
+        let g = w.group_size;
+        let groups = inputs / g.max(1);
+        let rank = x.ty().rank();
+        let last = rank.saturating_sub(1);
+        let lead = x.shape()[..last].to_vec();
+        let rows: usize = lead.iter().product();
+        let d = self.dequantize(f, w);
+        let xa = f.convert(x, self.accumulate);
+        let mut y = if rows <= WEIGHT_LEFT_MAX_ROWS {
+            let x2 = f.reshape(&xa, &[rows, inputs]);
+            let mut each = Vec::with_capacity(rows);
+            for r in 0..rows {
+                let xr = f.slice(&x2, &[r, 0], &[r + 1, inputs]);
+                let xr = f.reshape(&xr, &[groups, g]);
+                let xb = f.broadcast(&xr, &[out, groups, g], &[1, 2]);
+                let p = f.mul(&d, &xb);
+                let yr = f.reduce(&p, &[1, 2], Reduce::Sum);
+                each.push(f.reshape(&yr, &[1, out]));
+            }
+            let y = if each.len() == 1 { each.remove(0) } else { f.concat(&each, 0) };
+            let mut shape = lead.clone();
+            shape.push(out);
+            f.reshape(&y, &shape)
+        } else {
+            let w2 = f.reshape(&d, &[out, inputs]);
+            f.dot_general(&xa, &w2, (&[], &[]), (&[last], &[1]))
         };
         if let Some(b) = bias {
             let ba = f.convert(b, self.accumulate);

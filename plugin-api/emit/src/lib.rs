@@ -13,7 +13,7 @@ mod ops;
 
 use std::fmt;
 
-pub use contract::{CONTRACT_VERSION, NumericContract, RmsStyle};
+pub use contract::{AffineWeight, CONTRACT_VERSION, NumericContract, RmsStyle};
 pub use ops::{Compare, Reduce};
 
 /// Element types the builder emits.
@@ -27,6 +27,14 @@ pub enum Elem {
     I32,
     /// Booleans (comparison results).
     I1,
+    /// Signless 4- and 8-bit integers: how a module declares MLX's packed quantized weights
+    /// (the bytes of a `uint32` word array read as 8 four-bit or 4 eight-bit values, least
+    /// significant first, which is IREE's packing of sub-byte elements).
+    I4,
+    I8,
+    /// Unsigned views of the above (`bitcast_convert` from them), so `convert` zero-extends.
+    U4,
+    U8,
 }
 
 impl Elem {
@@ -38,11 +46,27 @@ impl Elem {
             Elem::I64 => "i64",
             Elem::I32 => "i32",
             Elem::I1 => "i1",
+            Elem::I4 => "i4",
+            Elem::I8 => "i8",
+            Elem::U4 => "ui4",
+            Elem::U8 => "ui8",
         }
     }
 
     pub fn is_float(self) -> bool {
         matches!(self, Elem::F32 | Elem::BF16 | Elem::F16)
+    }
+
+    /// Bits per element.
+    pub fn bits(self) -> usize {
+        match self {
+            Elem::F32 | Elem::I32 => 32,
+            Elem::BF16 | Elem::F16 => 16,
+            Elem::I64 => 64,
+            Elem::I1 => 1,
+            Elem::I4 | Elem::U4 => 4,
+            Elem::I8 | Elem::U8 => 8,
+        }
     }
 
     /// Parses a safetensors dtype name (`F32`, `BF16`, ...).

@@ -180,6 +180,15 @@ impl Func {
         self.emit(out.clone(), format!("stablehlo.convert {} : ({}) -> {out}", x.name(), x.ty))
     }
 
+    /// Reinterprets the bits of each element as `elem` of the same width (`i4` as `ui4`).
+    pub fn bitcast_convert(&mut self, x: &Value, elem: Elem) -> Value {
+        let out = x.ty.with_elem(elem);
+        if x.ty.elem.bits() != elem.bits() {
+            return self.fail("bitcast_convert", format!("{} to {elem}: widths differ", x.ty), out);
+        }
+        self.emit(out.clone(), format!("stablehlo.bitcast_convert {} : ({}) -> {out}", x.name(), x.ty))
+    }
+
     /// Broadcasts `x` into `shape`, operand dim i going to `dims[i]`.
     pub fn broadcast(&mut self, x: &Value, shape: &[usize], dims: &[usize]) -> Value {
         let out = x.ty.with_shape(shape);

@@ -276,6 +276,76 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 4);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v4:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 5);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v5:act=f32:acc=f32");
+}
+
+/// A bf16-scaled 4-bit weight `[3, 64]` in groups of 32, and a function over `x`.
+fn affine_module(rows: usize) -> (Module, crate::Func, Vec<crate::Value>, crate::AffineWeight) {
+    let mut m = Module::new("m");
+    let q = m.param("w.weight", Type::new(Elem::I4, &[3, 64]));
+    let s = m.param("w.scales", Type::new(Elem::BF16, &[3, 2]));
+    let b = m.param("w.biases", Type::new(Elem::BF16, &[3, 2]));
+    let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[rows, 64])]);
+    let w = crate::AffineWeight { q: f.load(&q), scales: f.load(&s), biases: f.load(&b), group_size: 32 };
+    (m, f, a, w)
+}
+
+/// Mutation-sensitive: dequantization zero-extends the integers (an unsigned view, then a
+/// convert), widens scales and biases exactly, and rounds `q * scale` before `+ bias`, in f32.
+#[test]
+fn dequantization_is_q_times_scale_then_plus_bias_in_the_accumulator() {
+    let (mut m, mut f, _, w) = affine_module(1);
+    let d = NumericContract::bf16().dequantize(&mut f, &w);
+    assert_eq!(d.ty(), &Type::new(Elem::F32, &[3, 2, 32]));
+    m.add_func(f, &[d]);
+    let text = m.finish().expect("valid");
+    let body: Vec<&str> = op_names(&text).into_iter().filter(|o| *o != "util.global.load").collect();
+    assert_eq!(
+        body,
+        [
+            "stablehlo.reshape",
+            "stablehlo.bitcast_convert",
+            "stablehlo.convert",
+            "stablehlo.convert",
+            "stablehlo.broadcast_in_dim",
+            "stablehlo.convert",
+            "stablehlo.broadcast_in_dim",
+            "stablehlo.multiply",
+            "stablehlo.add",
+        ]
+    );
+    assert!(text.contains("(tensor<3x2x32xi4>) -> tensor<3x2x32xui4>"), "unsigned view: {text}");
+    assert!(text.contains("(tensor<3x2x32xui4>) -> tensor<3x2x32xf32>"), "zero-extended to f32: {text}");
+    assert!(text.contains("(tensor<3x2xbf16>) -> tensor<3x2xf32>"), "scales widened: {text}");
+    // The product's result is the sum's first operand.
+    let lines: Vec<&str> = text.lines().collect();
+    let product = lines.iter().find(|l| l.contains("stablehlo.multiply")).expect("multiply");
+    let name = product.trim().split(' ').next().expect("name");
+    let sum = lines.iter().find(|l| l.contains("stablehlo.add")).expect("add");
+    assert!(sum.contains(&format!("add {name}, ")), "{sum}");
+}
+
+/// Mutation-sensitive: a decode step's quantized linear reduces row by row over
+/// `[out, groups, group_size]` in f32 and rounds once; a prefill's contracts the dequantized
+/// weight with `dot_general`, also in f32, also rounded once.
+#[test]
+fn quantized_linear_accumulates_in_f32_and_rounds_once() {
+    for (rows, contraction) in [(2usize, "stablehlo.reduce"), (24, "stablehlo.dot_general")] {
+        let (mut m, mut f, a, w) = affine_module(rows);
+        let y = NumericContract::bf16().qlinear(&mut f, &a[0], &w, None);
+        assert_eq!(y.ty(), &Type::new(Elem::BF16, &[rows, 3]));
+        m.add_func(f, &[y]);
+        let text = m.finish().expect("valid");
+        let ops = op_names(&text);
+        let contractions = ops.iter().filter(|o| o.starts_with(contraction)).count();
+        assert_eq!(contractions, if rows == 2 { 2 } else { 1 }, "{rows} rows: {ops:?}");
+        let converts_to_bf16 = text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
+        assert_eq!(converts_to_bf16, 1, "rounded once: {text}");
+        if rows == 2 {
+            assert!(text.contains("across dimensions = [1, 2] : (tensor<3x2x32xf32>"), "reduced in f32: {text}");
+        } else {
+            assert!(text.contains("(tensor<24x64xf32>, tensor<3x64xf32>) -> tensor<24x3xf32>"), "in f32: {text}");
+        }
+    }
 }
