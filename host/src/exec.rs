@@ -59,11 +59,24 @@ impl Compute {
 const DEMO_MLIR: &str = include_str!("../programs/attention.mlir");
 
 /// Compiles (or fetches from the cache) one module, with `flags` after the target's.
-pub(crate) fn compile(name: &str, mlir: &str, flags: &[String], args: &DeviceArgs) -> Result<mlxcel_shim::Artifact> {
+/// `contract` is the numeric contract the module was emitted under with the storage forms of
+/// the weights it reads, when it states one: its record (with this compiler and target as the
+/// backend) keys the cache entry and is checked against a cached one.
+pub(crate) fn compile(
+    name: &str,
+    mlir: &str,
+    flags: &[String],
+    contract: Option<(mlxcel_emit::NumericContract, Vec<String>)>,
+    args: &DeviceArgs,
+) -> Result<mlxcel_shim::Artifact> {
     let compiler = Compiler::locate()?;
     let cache = CompileCache::new(args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
     let target = Target::Cpu { cpu: args.target_cpu.clone() };
-    let request = CompileRequest { name, mlir, target: &target, flags, key_parts: &[] };
+    let record = contract.map(|(c, sources)| {
+        let backend = format!("IREE {} {}", compiler.revision(), target.fingerprint());
+        c.descriptor(sources, mlxcel_emit::Elem::F32, backend).to_json()
+    });
+    let request = CompileRequest { name, mlir, target: &target, flags, key_parts: &[], contract: record.as_deref() };
     let started = std::time::Instant::now();
     let (artifact, outcome) = cache.get_or_compile(&compiler, &request)?;
     let how = match outcome {
@@ -83,7 +96,7 @@ pub(crate) fn compile(name: &str, mlir: &str, flags: &[String], args: &DeviceArg
 
 pub(crate) fn demo(args: &DeviceArgs) -> Result<()> {
     let driver: Driver = args.driver.parse()?;
-    let artifact = compile("demo", DEMO_MLIR, &[], args)?;
+    let artifact = compile("demo", DEMO_MLIR, &[], None, args)?;
     let device = Device::new(driver)?;
     let session = Session::new(&device, None, &[&artifact])?;
     let q = [0.5f32, -1.0, 0.25, 2.0];
@@ -128,7 +141,7 @@ pub(crate) fn run_file(
     let driver: Driver = args.driver.parse()?;
     let mlir = std::fs::read_to_string(mlir_path).with_context(|| format!("cannot read {}", mlir_path.display()))?;
     let name = mlir_path.file_stem().and_then(|s| s.to_str()).unwrap_or("module");
-    let artifact = compile(name, &mlir, &[], args)?;
+    let artifact = compile(name, &mlir, &[], None, args)?;
     let device = Device::new(driver)?;
     let parameters = params.map(|p| Parameters::new("model", Checkpoint::open(p)?)).transpose()?;
     let session = Session::new(&device, parameters.as_ref(), &[&artifact])?;

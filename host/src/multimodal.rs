@@ -553,7 +553,14 @@ impl<'a> Encoders<'a> {
             let graph = plugin.encoder_graph(config, &request)?;
             let name = format!("{}-{}-{}", plugin.name(), modality.as_str(), bucket.id);
             let flags = ENCODER_FLAGS.map(String::from);
-            let artifact = compile(&name, &graph.stablehlo, &flags, self.device_args)?;
+            // Encoders compute in f32 (a bf16 or f16 checkpoint's weights widened inside the
+            // graph): the f32 contract over the dtypes the graph declares its weights in.
+            let mut sources: Vec<String> =
+                graph.parameters.iter().map(|p| format!("{:?}", p.dtype).to_lowercase()).collect();
+            sources.sort();
+            sources.dedup();
+            let contract = (mlxcel_emit::NumericContract::f32(), sources);
+            let artifact = compile(&name, &graph.stablehlo, &flags, Some(contract), self.device_args)?;
             if self.device.is_none() {
                 let driver: Driver = self.device_args.driver.parse()?;
                 self.device = Some(Device::new(driver)?);

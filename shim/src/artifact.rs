@@ -67,6 +67,9 @@ pub struct ArtifactMeta {
     pub compiler_revision: String,
     pub target: String,
     pub parameters: Vec<ParameterDecl>,
+    /// The numeric contract the module was emitted under (its descriptor's JSON), when stated.
+    #[serde(default)]
+    pub contract: Option<String>,
     vmfb_len: u64,
     vmfb_sha256: String,
 }
@@ -86,10 +89,24 @@ impl Artifact {
             compiler_revision: compiler_revision.to_owned(),
             target: target.to_owned(),
             parameters: parameter_decls(mlir),
+            contract: None,
             vmfb_len: vmfb.len() as u64,
             vmfb_sha256: hex::encode(Sha256::digest(&vmfb)),
         };
         Artifact { meta, vmfb }
+    }
+
+    /// Refuses the artifact unless it was emitted under the numeric contract `expected`
+    /// (a descriptor's JSON), naming both.
+    pub fn check_contract(&self, expected: &str) -> Result<()> {
+        match self.meta.contract.as_deref() {
+            Some(found) if found == expected => Ok(()),
+            found => Err(Error::ContractMismatch {
+                name: self.meta.name.clone(),
+                found: found.unwrap_or("none").to_owned(),
+                expected: expected.to_owned(),
+            }),
+        }
     }
 
     /// Serialises as magic, header length, json header, VMFB.

@@ -30,8 +30,12 @@ pub struct CompileRequest<'a> {
     pub target: &'a Target,
     /// Extra compiler flags, after the target's.
     pub flags: &'a [String],
-    /// Anything else the compiled code depends on (e.g. `contract=3`).
+    /// Anything else the compiled code depends on.
     pub key_parts: &'a [String],
+    /// The numeric contract the module was emitted under (its descriptor's JSON): part of the
+    /// key, written into the artifact, and checked against a cached artifact's before it is
+    /// returned.
+    pub contract: Option<&'a str>,
 }
 
 /// Where an artifact came from.
@@ -84,6 +88,8 @@ impl CompileCache {
         for p in request.key_parts {
             field(p);
         }
+        field("contract");
+        field(request.contract.unwrap_or(""));
         field(request.mlir);
         hex::encode(h.finalize())
     }
@@ -105,7 +111,14 @@ impl CompileCache {
         let mut replaced = false;
         match std::fs::read(&path) {
             Ok(bytes) => match Artifact::from_bytes(&path, &bytes, compiler.revision()) {
-                Ok(artifact) if artifact.meta.key == key => return Ok((artifact, CacheOutcome::Hit)),
+                Ok(artifact) if artifact.meta.key == key => {
+                    // Refused, not rebuilt: an entry under this key with another contract was
+                    // not written by this cache (a copied or edited compile cache).
+                    if let Some(expected) = request.contract {
+                        artifact.check_contract(expected)?;
+                    }
+                    return Ok((artifact, CacheOutcome::Hit));
+                }
                 Ok(_) => {
                     tracing::warn!(path = %path.display(), "cache entry has another key; rebuilding it");
                     replaced = true;
@@ -119,8 +132,9 @@ impl CompileCache {
             Err(e) => return Err(Error::Cache { path, reason: e.to_string() }),
         }
         let vmfb = compiler.compile(request.name, request.mlir, request.target, request.flags)?;
-        let artifact =
+        let mut artifact =
             Artifact::new(request.name, &key, compiler.revision(), &request.target.fingerprint(), request.mlir, vmfb);
+        artifact.meta.contract = request.contract.map(str::to_owned);
         // A cache that cannot be written (read-only, full disk) costs a
         // recompile next time, not this request.
         if let Err(e) = self.store(&path, &artifact) {

@@ -28,6 +28,11 @@ pub enum Error {
     #[error("{path} was compiled by IREE {found}, this runtime is IREE {wanted}; delete it or recompile from the MLIR")]
     ArtifactVersion { path: PathBuf, found: String, wanted: String },
 
+    #[error(
+        "compiled module {name} was emitted under another numeric contract; it states {found}, this run needs {expected}"
+    )]
+    ContractMismatch { name: String, found: String, expected: String },
+
     #[error("{path} is not a valid compiled artifact: {reason}")]
     ArtifactCorrupt { path: PathBuf, reason: String },
 

@@ -108,6 +108,8 @@ pub struct Fingerprint {
     pub kv_layout: String,
     /// The exports and their argument order.
     pub abi: String,
+    /// The numeric contract's record ([`mlxcel_emit::ContractDescriptor`]) as JSON: the
+    /// compiled artifact carries it too, and a cached one stating another is refused.
     pub numeric_contract: String,
     pub compiler: String,
     pub target: String,
@@ -160,17 +162,22 @@ impl Decoder {
         };
         let options = DecoderOptions { contract: Some(contract), ..options };
         let weights = weight_dtype(&checkpoint, &names, &contract)?;
-        let mlir = graph::emit(&config, &names, &index, shape, contract, weights).map_err(|e| match e {
+        let emitted = graph::emit_bundle(&config, &names, &index, shape, contract, weights).map_err(|e| match e {
             GraphError::Emit(e) => DecoderError::Emit(e),
             GraphError::Weights(e) => DecoderError::Weights(e),
         })?;
         // For inspecting what the compiler is given.
         if let Some(dir) = std::env::var_os("MLXCEL_DUMP_MLIR") {
             let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.spec.name));
-            if let Err(e) = std::fs::write(&path, &mlir) {
+            if let Err(e) = std::fs::write(&path, &emitted.mlir) {
                 tracing::warn!(path = %path.display(), error = %e, "could not dump the decoder MLIR");
             }
         }
+        let descriptor = contract.descriptor(
+            emitted.sources.clone(),
+            Elem::F32,
+            format!("IREE {} {}", compiler.revision(), options.target.fingerprint()),
+        );
         let fingerprint = Fingerprint {
             spec: config.spec.to_json(),
             weights: weights_identity(&checkpoint),
@@ -181,12 +188,12 @@ impl Decoder {
             hidden: config.hidden,
             kv_layout: KvLayout::of(&config, contract.activations).describe(shape),
             abi: graph::abi_schema(),
-            numeric_contract: contract.fingerprint(),
+            numeric_contract: descriptor.to_json(),
             compiler: compiler.revision().to_owned(),
             target: options.target.fingerprint(),
         };
         let key_parts = vec![fingerprint.digest()];
-        let quantized = config.quantization.is_some() && index.keys().any(|k| k.ends_with(".scales"));
+        let quantized = descriptor.dequantization.is_some();
         let mut flags: Vec<String> = Vec::new();
         // Weights stored narrower than the activations are widened (or dequantized) inside each
         // op; IREE's const-expr hoisting would instead precompute a widened copy of every weight
@@ -203,10 +210,11 @@ impl Decoder {
         }
         let request = CompileRequest {
             name: "decoder",
-            mlir: &mlir,
+            mlir: &emitted.mlir,
             target: &options.target,
             flags: &flags,
             key_parts: &key_parts,
+            contract: Some(&fingerprint.numeric_contract),
         };
         let (artifact, outcome) = cache.get_or_compile(compiler, &request)?;
         let params = Parameters::new("model", checkpoint)?;

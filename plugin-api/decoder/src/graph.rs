@@ -238,7 +238,30 @@ pub fn emit(
     contract: NumericContract,
     weights: Elem,
 ) -> Result<String, GraphError> {
+    emit_bundle(cfg, names, index, shape, contract, weights).map(|b| b.mlir)
+}
+
+/// An emitted bundle: its module, and how the checkpoint stores what it reads.
+#[derive(Clone, Debug)]
+pub struct Emitted {
+    pub mlir: String,
+    /// Each distinct storage form of the weights the module reads, for the numeric contract's
+    /// record ([`mlxcel_emit::ContractDescriptor::sources`]): the dense dtype, and each affine
+    /// quantization (`affine bits=4 group_size=64 scales=f32`).
+    pub sources: Vec<String>,
+}
+
+/// As [`emit`], with the weights' storage forms.
+pub fn emit_bundle(
+    cfg: &TextConfig,
+    names: &DecoderWeights,
+    index: &Index,
+    shape: BundleShape,
+    contract: NumericContract,
+    weights: Elem,
+) -> Result<Emitted, GraphError> {
     let mut m = Module::new("decoder");
+    let sources: RefCell<std::collections::BTreeSet<String>> = RefCell::new([weights.to_string()].into());
     // Every declared dense parameter, for the check against the checkpoint, and the problems
     // found with quantized ones as they are declared.
     let declared: RefCell<Vec<(String, Vec<usize>)>> = RefCell::default();
@@ -250,10 +273,15 @@ pub fn emit(
     // A matrix `[out, in]` as the checkpoint stores it.
     let lin = |m: &mut Module, key: String, out: usize, inputs: usize| -> Lin {
         let linear = Linear::detect(index, &key, cfg.quantization.as_ref());
-        let Linear::Affine { weight, scales, biases, .. } = &linear else { return Lin::Dense(p(m, key, &[out, inputs])) };
+        let Linear::Affine { weight, scales, biases, .. } = &linear else {
+            return Lin::Dense(p(m, key, &[out, inputs]));
+        };
         match check_affine(index, &linear, out, inputs) {
             Ok(layout) => {
                 let q = layout.quantization;
+                sources
+                    .borrow_mut()
+                    .insert(format!("affine bits={} group_size={} scales={}", q.bits, q.group_size, layout.scales));
                 let packed = if q.bits == 4 { Elem::I4 } else { Elem::I8 };
                 let groups = [out, inputs / q.group_size];
                 Lin::Affine {
@@ -277,7 +305,8 @@ pub fn emit(
     for i in 0..cfg.layers {
         use LayerTensor as L;
         let n = |m: &mut Module, t: LayerTensor, shape: &[usize]| p(m, key(Tensor::Layer(i, t)), shape);
-        let l = |m: &mut Module, t: LayerTensor, out: usize, inputs: usize| lin(m, key(Tensor::Layer(i, t)), out, inputs);
+        let l =
+            |m: &mut Module, t: LayerTensor, out: usize, inputs: usize| lin(m, key(Tensor::Layer(i, t)), out, inputs);
         layers.push(Layer {
             ln1: n(&mut m, L::AttnInNorm, &[h]),
             q: l(&mut m, L::Q, cfg.heads * d, h),
@@ -386,7 +415,7 @@ pub fn emit(
     if !problems.is_empty() {
         return Err(WeightsError::Tensors(problems).into());
     }
-    Ok(m.finish()?)
+    Ok(Emitted { mlir: m.finish()?, sources: sources.into_inner().into_iter().collect() })
 }
 
 impl Emitter<'_> {

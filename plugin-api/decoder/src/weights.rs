@@ -670,10 +670,16 @@ mod tests {
     fn quantization_the_graphs_cannot_honour_is_refused() {
         for (json, why) in [
             (r#"{"quantization": {"group_size": 64, "bits": 3}}"#, "3-bit quantization is not implemented"),
-            (r#"{"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}"#, "mode \"mxfp4\" is not implemented"),
+            (
+                r#"{"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}"#,
+                "mode \"mxfp4\" is not implemented",
+            ),
             (r#"{"quantization": {"group_size": 0, "bits": 4}}"#, "group_size is 0"),
             (r#"{"quantization": {"bits": 4}}"#, "needs integer `bits` and `group_size`"),
-            (r#"{"quantization": {"group_size": 64, "bits": 4, "x": {"bits": 5, "group_size": 64}}}"#, "module `x`: 5-bit"),
+            (
+                r#"{"quantization": {"group_size": 64, "bits": 4, "x": {"bits": 5, "group_size": 64}}}"#,
+                "module `x`: 5-bit",
+            ),
             (r#"{"quantization": {"group_size": 64, "bits": 4, "x": 7}}"#, "entry `x` = 7 is not understood"),
             (
                 r#"{"quantization": {"group_size": 64, "bits": 4}, "quantization_config": {"group_size": 32, "bits": 4}}"#,

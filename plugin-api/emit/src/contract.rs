@@ -42,6 +42,62 @@ impl AffineWeight {
     }
 }
 
+/// The numeric contract as a compiled artifact carries it: every choice that decides a graph's
+/// rounding, in one versioned record. Its JSON is part of the artifact's cache key and is
+/// written into the artifact, and the host refuses an artifact whose record differs from the
+/// one it asks for (naming both) before the module is loaded.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContractDescriptor {
+    pub version: u32,
+    /// How the checkpoint stores what the graph reads, one entry per distinct form
+    /// (`f32`, `bf16`, `affine bits=4 group_size=64 scales=f32`).
+    pub sources: Vec<String>,
+    /// The dtype values are materialised in between operations.
+    pub activations: Elem,
+    /// The dtype contractions, norms and softmax accumulate in.
+    pub accumulate: Elem,
+    /// The dtype of the results the graph returns (logits, features).
+    pub results: Elem,
+    /// Where each contract helper rounds.
+    pub rounding: Vec<String>,
+    /// How reductions associate.
+    pub association: String,
+    /// How quantized weights are dequantized, when the sources include any.
+    pub dequantization: Option<String>,
+    /// The backend that compiles and runs the graph: compiler revision and target (with the
+    /// CPU's identity when compiled for the host).
+    pub backend: String,
+}
+
+impl ContractDescriptor {
+    /// The record as one line of JSON (field order fixed).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("invariant: the descriptor serialises")
+    }
+}
+
+/// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
+const ROUNDING: [&str; 9] = [
+    "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
+    "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
+    "rms_norm one_plus: normalised and scaled by (1 + w) in the accumulator, rounded once",
+    "layer_norm: in the accumulator (biased variance), rounded once",
+    "silu, gelu_tanh, gelu_erf (Abramowitz-Stegun 7.1.26), quick_gelu: in the accumulator, rounded once",
+    "softmax: max-subtracted in the accumulator, rounded once; attention scores scaled in the activations",
+    "residual: added in the activations",
+    "softcap: tanh(x / c) * c in the logits' dtype",
+    "qlinear: the weight dequantized in the accumulator, then as linear",
+];
+
+/// How reductions associate, as [`ContractDescriptor::association`] states it.
+const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles and vectorises each reduction); \
+                           qlinear over at most 16 rows reduces each row over (groups, group_size) at once";
+
+/// The dequantization, as [`ContractDescriptor::dequantization`] states it.
+const DEQUANTIZATION: &str = "MLX affine: integers packed least significant first in u32 words, zero-extended; \
+                              w = f32(q) * f32(scale), rounded, then + f32(bias), rounded; one scale and bias \
+                              per group of group_size consecutive inputs";
+
 /// How a graph materialises and accumulates values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct NumericContract {
@@ -62,6 +118,24 @@ impl NumericContract {
     /// bf16 activations with f32 accumulation, as torch computes on CPU.
     pub fn bf16() -> Self {
         NumericContract { version: CONTRACT_VERSION, activations: Elem::BF16, accumulate: Elem::F32 }
+    }
+
+    /// The contract's full record for a graph reading `sources` (see
+    /// [`ContractDescriptor::sources`]; dequantization is stated when one starts with `affine`),
+    /// compiled and run by `backend`, returning `results`.
+    pub fn descriptor(&self, sources: Vec<String>, results: Elem, backend: String) -> ContractDescriptor {
+        let quantized = sources.iter().any(|s| s.starts_with("affine"));
+        ContractDescriptor {
+            version: self.version,
+            sources,
+            activations: self.activations,
+            accumulate: self.accumulate,
+            results,
+            rounding: ROUNDING.iter().map(|s| (*s).to_owned()).collect(),
+            association: ASSOCIATION.to_owned(),
+            dequantization: quantized.then(|| DEQUANTIZATION.to_owned()),
+            backend,
+        }
     }
 
     /// A stable string for fingerprints and cache keys.

@@ -13,7 +13,7 @@ mod ops;
 
 use std::fmt;
 
-pub use contract::{AffineWeight, CONTRACT_VERSION, NumericContract, RmsStyle};
+pub use contract::{AffineWeight, CONTRACT_VERSION, ContractDescriptor, NumericContract, RmsStyle};
 pub use ops::{Compare, Reduce};
 
 /// Element types the builder emits.

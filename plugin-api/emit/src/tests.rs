@@ -340,7 +340,8 @@ fn quantized_linear_accumulates_in_f32_and_rounds_once() {
         let ops = op_names(&text);
         let contractions = ops.iter().filter(|o| o.starts_with(contraction)).count();
         assert_eq!(contractions, if rows == 2 { 2 } else { 1 }, "{rows} rows: {ops:?}");
-        let converts_to_bf16 = text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
+        let converts_to_bf16 =
+            text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
         assert_eq!(converts_to_bf16, 1, "rounded once: {text}");
         if rows == 2 {
             assert!(text.contains("across dimensions = [1, 2] : (tensor<3x2x32xf32>"), "reduced in f32: {text}");
@@ -348,4 +349,30 @@ fn quantized_linear_accumulates_in_f32_and_rounds_once() {
             assert!(text.contains("(tensor<24x64xf32>, tensor<3x64xf32>) -> tensor<24x3xf32>"), "in f32: {text}");
         }
     }
+}
+
+/// The descriptor names the sources, the dtypes, the rounding points and the backend, states the
+/// dequantization only for quantized sources, and is stable (its JSON keys every artifact).
+#[test]
+fn the_contract_descriptor_states_every_choice_and_is_stable() {
+    let dense = NumericContract::f32().descriptor(vec!["bf16".into()], Elem::F32, "IREE x llvm-cpu:host".into());
+    assert_eq!(dense.dequantization, None);
+    assert_eq!(dense.to_json(), dense.clone().to_json());
+    assert!(
+        dense
+            .to_json()
+            .starts_with("{\"version\":5,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+    );
+    assert!(dense.rounding.iter().any(|r| r.starts_with("qlinear")));
+    let q = NumericContract::f32().descriptor(
+        vec!["affine bits=4 group_size=64 scales=f32".into(), "f32".into()],
+        Elem::F32,
+        "IREE x llvm-cpu:host".into(),
+    );
+    assert!(
+        q.dequantization.as_deref().is_some_and(|d| d.contains("w = f32(q) * f32(scale), rounded, then + f32(bias)"))
+    );
+    assert_ne!(q.to_json(), dense.to_json());
+    let other_backend = NumericContract::f32().descriptor(vec!["bf16".into()], Elem::F32, "IREE y".into());
+    assert_ne!(other_backend.to_json(), dense.to_json());
 }

@@ -8,7 +8,7 @@ use crate::support::compiler;
 const NEG: &str = "func.func @neg(%x: tensor<4xf32>) -> tensor<4xf32> {\n  %y = stablehlo.negate %x : tensor<4xf32>\n  return %y : tensor<4xf32>\n}\n";
 
 fn request<'a>(target: &'a Target, key_parts: &'a [String]) -> CompileRequest<'a> {
-    CompileRequest { name: "neg", mlir: NEG, target, flags: &[], key_parts }
+    CompileRequest { name: "neg", mlir: NEG, target, flags: &[], key_parts, contract: None }
 }
 
 #[test]
@@ -86,4 +86,30 @@ fn concurrent_writers_leave_one_whole_entry() {
     let (hit, outcome) = cache.get_or_compile(compiler(), &request(&host, &[])).expect("hits");
     assert_eq!(outcome, CacheOutcome::Hit);
     assert!(results.iter().all(|a| a.vmfb == hit.vmfb));
+}
+
+/// The numeric contract keys the entry and is written into it; an entry under the right key
+/// that states another contract (a copied or edited cache) is refused, naming both, never run.
+#[test]
+fn an_entry_stating_another_numeric_contract_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = CompileCache::new(dir.path());
+    let host = Target::host_cpu();
+    let ours = CompileRequest { contract: Some("{\"version\":5}"), ..request(&host, &[]) };
+    let rev = compiler().revision();
+    assert_ne!(CompileCache::key(rev, &ours), CompileCache::key(rev, &request(&host, &[])), "contract keys");
+    let (artifact, _) = cache.get_or_compile(compiler(), &ours).expect("compiles");
+    assert_eq!(artifact.meta.contract.as_deref(), Some("{\"version\":5}"));
+    let path = cache.entry_path(&CompileCache::key(rev, &ours));
+    let mut edited = Artifact::from_bytes(&path, &std::fs::read(&path).expect("entry"), rev).expect("parses");
+    edited.meta.contract = Some("{\"version\":4}".into());
+    std::fs::write(&path, edited.to_bytes()).expect("write");
+    let err = cache.get_or_compile(compiler(), &ours).expect_err("refused");
+    assert!(matches!(err, Error::ContractMismatch { .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("states {\"version\":4}, this run needs {\"version\":5}"), "{message}");
+    edited.meta.contract = None;
+    std::fs::write(&path, edited.to_bytes()).expect("write");
+    let err = cache.get_or_compile(compiler(), &ours).expect_err("refused");
+    assert!(err.to_string().contains("states none"), "{err}");
 }

@@ -17,7 +17,7 @@ pub(crate) fn compile(name: &str, mlir: &str) -> Artifact {
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = CompileCache::new(dir.path());
     let target = Target::host_cpu();
-    let request = CompileRequest { name, mlir, target: &target, flags: &[], key_parts: &[] };
+    let request = CompileRequest { name, mlir, target: &target, flags: &[], key_parts: &[], contract: None };
     cache.get_or_compile(compiler(), &request).expect("compiles").0
 }
 
