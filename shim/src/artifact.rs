@@ -18,8 +18,11 @@ const MAGIC: &[u8; 12] = b"MLXCELVMFB1\n";
 pub struct ParameterDecl {
     pub scope: String,
     pub key: String,
-    /// The declared tensor type, when the declaration spells one.
+    /// The declared tensor type, when the declaration spells one the runtime moves.
     pub desc: Option<TensorDesc>,
+    /// The declared type as written (`tensor<64x64xi4>`), for the types `desc` cannot hold.
+    #[serde(default)]
+    pub ty: String,
 }
 
 /// Finds every `#flow.parameter.named<"scope"::"key"> : tensor<...>` (or the
@@ -36,13 +39,16 @@ pub fn parameter_decls(mlir: &str) -> Vec<ParameterDecl> {
                 None => ("", first, after),
             };
             let after = after.trim_start().strip_prefix('>').unwrap_or(after).trim_start();
-            let desc = after.strip_prefix(':').and_then(|t| {
-                let t = t.trim_start();
-                let end = t.find('>')?;
-                TensorDesc::from_mlir(&t[..=end])
-            });
+            let ty = after
+                .strip_prefix(':')
+                .and_then(|t| {
+                    let t = t.trim_start();
+                    Some(&t[..=t.find('>')?])
+                })
+                .unwrap_or_default();
+            let desc = TensorDesc::from_mlir(ty);
             if !out.iter().any(|d| d.scope == scope && d.key == key) {
-                out.push(ParameterDecl { scope: scope.to_owned(), key: key.to_owned(), desc });
+                out.push(ParameterDecl { scope: scope.to_owned(), key: key.to_owned(), desc, ty: ty.to_owned() });
             }
             rest = after;
         }

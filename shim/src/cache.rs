@@ -19,7 +19,9 @@ use crate::{
 };
 
 /// Bump when the entry format or key recipe changes.
-const CACHE_FORMAT: &str = "mlxcel-compile-cache-v1";
+/// v2: the numeric contract in the key and the header; parameter declarations keep their type
+/// as written.
+const CACHE_FORMAT: &str = "mlxcel-compile-cache-v2";
 
 /// What to compile.
 #[derive(Clone, Debug)]

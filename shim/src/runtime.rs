@@ -458,18 +458,55 @@ impl Parameters {
                 key: decl.key.clone(),
                 files: self.checkpoint.describe_files(),
             })?;
-            if let Some(want) = &decl.desc {
-                let found = entry.desc();
-                if found.as_ref() != Some(want) {
-                    return Err(Error::ParameterMismatch {
-                        key: decl.key.clone(),
-                        found: format!("{} {:?}", entry.dtype, entry.shape),
-                        wanted: want.to_string(),
-                    });
+            let mismatch = |wanted: String| Error::ParameterMismatch {
+                key: decl.key.clone(),
+                found: format!("{} {:?}", entry.dtype, entry.shape),
+                wanted,
+            };
+            let packed = packed_bits(&decl.ty).filter(|&bits| bits == 4 || entry.dtype == "U32");
+            if let Some(bits) = packed {
+                // MLX's quantized weights: `uint32` words read as 8 four-bit or 4 eight-bit
+                // integers each, least significant first (IREE's packing of the same bytes).
+                if !packs(&decl.ty, bits, &entry.dtype, &entry.shape) {
+                    return Err(mismatch(format!("{} (u32 words packing {bits}-bit integers)", decl.ty)));
                 }
+            } else if let Some(want) = &decl.desc {
+                if entry.desc().as_ref() != Some(want) {
+                    return Err(mismatch(want.to_string()));
+                }
+            } else if !decl.ty.is_empty() {
+                return Err(mismatch(format!("{} (a type the host cannot check)", decl.ty)));
             }
         }
         Ok(())
+    }
+}
+
+/// The bits per element of a declared `tensor<...xi4>` or `tensor<...xi8>`, the types a
+/// module reads packed quantized weights as; `None` for any other type.
+fn packed_bits(ty: &str) -> Option<usize> {
+    let elem = ty.strip_suffix('>')?.rsplit('x').next()?;
+    match elem {
+        "i4" => Some(4),
+        "i8" => Some(8),
+        _ => None,
+    }
+}
+
+/// Whether a checkpoint tensor of `dtype` and `shape` holds exactly the declared packed `ty`:
+/// `U32`, the same leading dimensions, and as many bits in the last.
+fn packs(ty: &str, bits: usize, dtype: &str, shape: &[usize]) -> bool {
+    let Some(inner) = ty.trim().strip_prefix("tensor<").and_then(|t| t.strip_suffix('>')) else { return false };
+    let mut dims: Vec<&str> = inner.split('x').collect();
+    dims.pop();
+    let Some(want) = dims.iter().map(|d| d.parse::<usize>().ok()).collect::<Option<Vec<usize>>>() else {
+        return false;
+    };
+    match (want.split_last(), shape.split_last()) {
+        (Some((w_last, w_lead)), Some((f_last, f_lead))) => {
+            dtype == "U32" && w_lead == f_lead && w_last * bits == f_last * 32
+        }
+        _ => false,
     }
 }
 
@@ -1012,6 +1049,18 @@ unsafe fn exported_functions(module: *mut sys::iree_vm_module_t) -> Result<Vec<F
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_integers_are_checked_against_their_u32_words() {
+        assert_eq!(packed_bits("tensor<64x64xi4>"), Some(4));
+        assert_eq!(packed_bits("tensor<64x64xi8>"), Some(8));
+        assert_eq!(packed_bits("tensor<64x64xf32>"), None);
+        assert!(packs("tensor<448x64xi4>", 4, "U32", &[448, 8]));
+        assert!(packs("tensor<448x64xi8>", 8, "U32", &[448, 16]));
+        assert!(!packs("tensor<448x64xi8>", 8, "U32", &[448, 8]), "4-bit words read as 8-bit");
+        assert!(!packs("tensor<448x64xi4>", 4, "U32", &[224, 16]), "another row count");
+        assert!(!packs("tensor<448x64xi4>", 4, "I32", &[448, 8]), "not u32 words");
+    }
 
     #[test]
     fn declarations_parse_into_argument_specs() {
