@@ -357,7 +357,8 @@ fn quantization_the_config_and_tensors_disagree_on_is_refused() {
     let temp = tempfile::tempdir().expect("temp dir");
     let cache = CompileCache::new(temp.path().join("cache"));
     let device = Device::new(Driver::LocalSync).expect("device");
-    let edits: [(&str, fn(&mut serde_json::Value), &str); 4] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit, &str); 4] = [
         (
             "no quantization",
             |c| {
