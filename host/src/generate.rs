@@ -131,7 +131,8 @@ struct Report<'a> {
     seed: u64,
     compile_cache: &'static str,
     /// The decoder's weights as stored and its activations (`bf16` and `f32`: bf16 storage,
-    /// f32 compute).
+    /// f32 compute; `affine bits=4 group_size=64 scales=f32, f32`: MLX's 4-bit linears, the
+    /// rest f32).
     weights: String,
     activations: String,
     timings: Timings,
@@ -320,7 +321,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
             sampling: sampler.params(),
             seed: sampler.seed(),
             compile_cache: cached,
-            weights: decoder.fingerprint().dtype.clone(),
+            weights: decoder.weight_forms().join(", "),
             activations: decoder.contract().activations.to_string(),
             timings,
         };

@@ -88,6 +88,8 @@ pub struct Decoder {
     deltas: Vec<i64>,
     outcome: CacheOutcome,
     fingerprint: Fingerprint,
+    /// How the checkpoint stores the weights the bundle reads (the contract record's sources).
+    weight_forms: Vec<String>,
 }
 
 /// Everything a compiled bundle depends on. Its digest is part of the
@@ -235,12 +237,19 @@ impl Decoder {
             session,
             outcome,
             fingerprint,
+            weight_forms: emitted.sources,
         })
     }
 
     /// The numeric contract the bundle was compiled under.
     pub fn contract(&self) -> NumericContract {
         self.options.contract.expect("invariant: resolved at load")
+    }
+
+    /// How the checkpoint stores the weights the bundle reads: its dense dtype and each affine
+    /// quantization (`affine bits=4 group_size=64 scales=f32`), sorted.
+    pub fn weight_forms(&self) -> &[String] {
+        &self.weight_forms
     }
 
     /// What the loaded bundle is compatible with.

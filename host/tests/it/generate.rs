@@ -30,6 +30,10 @@ const FIXTURES: &[Fixture] = &[
     Fixture { name: "llama", text: LM, media: &[] },
     Fixture { name: "qwen3", text: LM, media: &[] },
     Fixture { name: "gemma3_text", text: LM, media: &[] },
+    // MLX community checkpoints: their goldens are MLX's own generate (mlx-lm on mlx-cpu).
+    Fixture { name: "qwen3_mlx_q4", text: LM, media: &[] },
+    Fixture { name: "qwen3_mlx_q8", text: LM, media: &[] },
+    Fixture { name: "llama_mlx_mixed", text: LM, media: &[] },
     Fixture { name: "qwen2_vl", text: VLM_TEXT, media: VLM_MEDIA },
     Fixture { name: "qwen2_5_vl", text: VLM_TEXT, media: VLM_MEDIA },
     Fixture { name: "qwen3_vl", text: VLM_TEXT, media: VLM_MEDIA },

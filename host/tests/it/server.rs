@@ -206,6 +206,22 @@ fn check_mixed_batch(server: &Server) {
     }
 }
 
+/// MLX community checkpoints (affine-quantized 4- and 8-bit, mixed widths) through the server
+/// and the openai client: every golden variant gives MLX's greedy tokens, alone and batched.
+#[test]
+fn mlx_quantized_checkpoints_are_served_with_mlxs_tokens() {
+    for name in ["qwen3_mlx_q4", "llama_mlx_mixed"] {
+        let server = Server::serving(name, plugins(), &["--slots", "4"]);
+        let tokenizer = Tokenizer::load(&fixture_dir(name)).expect("tokenizer");
+        let got = server.scenario("text_goldens");
+        for variant in ["short", "long"] {
+            assert_eq!(got[variant], golden_token_names(name, variant, &tokenizer), "{name}/{variant}");
+        }
+        let (status, stderr) = server.terminate();
+        assert!(status.success(), "{name}: {stderr}");
+    }
+}
+
 #[test]
 fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are_refused() {
     // Qwen2-VL's image capabilities are qualified: served without --allow-unqualified.

@@ -177,6 +177,29 @@ def scenario_concurrent(client, args):
     return {"alone": alone, "together": together, "goldens_batched": goldens}
 
 
+def scenario_text_goldens(client, args):
+    """Every golden variant of a text checkpoint, greedy: alone, then all at once (and twice
+    over, so more requests than one run alone share the batch); each gives the same tokens
+    both ways, and those are returned for the caller to check against the goldens."""
+    variants = sorted(p.stem for p in (args.fixture / "goldens").glob("*.json"))
+
+    def run(variant):
+        golden = json.loads((args.fixture / "goldens" / f"{variant}.json").read_text())
+        r = client.chat.completions.create(
+            model=args.model, messages=golden["messages"], logprobs=True, extra_body=IGNORE_EOS, **GREEDY
+        )
+        assert r.usage.prompt_tokens == golden["n_prompt_tokens"], (r.usage, golden["n_prompt_tokens"])
+        return [e.token for e in r.choices[0].logprobs.content]
+
+    alone = {v: run(v) for v in variants}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2 * len(variants)) as pool:
+        together = list(pool.map(run, variants * 2))
+    for i, tokens in enumerate(together):
+        variant = variants[i % len(variants)]
+        assert tokens == alone[variant], f"{variant}: alone {alone[variant]!r}, batched {tokens!r}"
+    return alone
+
+
 def metric(base, name):
     with urllib.request.urlopen(base.removesuffix("/v1") + "/metrics") as response:
         text = response.read().decode()
