@@ -27,7 +27,7 @@ mkdir -p "$(dirname "$venv")"
 # --no-deps: the lock is the complete closure, so pip resolves nothing and nothing floats.
 "$venv/bin/pip" install --quiet --no-deps --no-cache-dir -r "$lock" >&2
 "$venv/bin/python" - >&2 <<'PY'
-import torch, transformers, torchvision, timm, mlx.core, mlx_vlm  # noqa: F401
+import torch, transformers, torchvision, timm, mlx.core, mlx_vlm, mlx_lm  # noqa: F401
 print("oracle: torch", torch.__version__, "transformers", transformers.__version__, "mlx", mlx.core.__version__)
 PY
 echo "$key" > "$stamp"
