@@ -73,7 +73,9 @@ pub(crate) fn compile(
     let cache = CompileCache::new(args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
     let target = Target::Cpu { cpu: args.target_cpu.clone() };
     let record = contract.map(|(c, sources)| {
-        let backend = format!("IREE {} {}", compiler.revision(), target.fingerprint());
+        // The backend is the compiler, the target and the flags that change codegen.
+        let backend = format!("IREE {} {} {}", compiler.revision(), target.fingerprint(), flags.join(" "));
+        let backend = backend.trim_end().to_owned();
         c.descriptor(sources, mlxcel_emit::Elem::F32, backend).to_json()
     });
     let request = CompileRequest { name, mlir, target: &target, flags, key_parts: &[], contract: record.as_deref() };

@@ -175,10 +175,38 @@ impl Decoder {
                 tracing::warn!(path = %path.display(), error = %e, "could not dump the decoder MLIR");
             }
         }
+        let quantized = emitted.sources.iter().any(|s| s.starts_with("affine"));
+        let mut flags: Vec<String> = Vec::new();
+        // Weights stored narrower than the activations are widened (or dequantized) inside each
+        // op; IREE's const-expr hoisting would instead precompute a widened copy of every weight
+        // at load (the checkpoint's bytes several times over resident, and read by every step).
+        if weights != contract.activations || quantized {
+            flags.push("--iree-opt-const-expr-hoisting=false".to_owned());
+        }
+        // With aggressive dispatch fusion IREE 3.13 fuses a quantized weight's dequantization
+        // into the row-by-row reductions of a decode step (see `NumericContract::qlinear`), so
+        // the packed integers are what is read; without it each dequantized weight is written
+        // out in f32 and read back.
+        if quantized {
+            flags.push("--iree-dispatch-creation-enable-aggressive-fusion".to_owned());
+            // Those reductions run along the inputs; kept in order, IREE 3.13 reduces each
+            // vector lane by lane in scalar adds (an 8960x1536 4-bit matvec: 7.4 ms, against
+            // 1.1 ms reassociated and 1.8 ms for the same weight in bf16). The association is
+            // the backend's either way (see the contract's record); the flag is part of the
+            // backend's identity there.
+            flags.push("--iree-llvmcpu-reassociate-fp-reductions=true".to_owned());
+            // Reassociated, a norm over a dequantized embedding row keeps a 48 KiB vector on the
+            // stack, over IREE's default 32 KiB limit; local-task workers have 128 KiB stacks
+            // (IREE's `task_worker_stack_size`), local-sync runs on the caller's thread.
+            flags.push("--iree-llvmcpu-stack-allocation-limit=65536".to_owned());
+        }
+        // The backend is the compiler, the target and the flags that change codegen.
         let descriptor = contract.descriptor(
             emitted.sources.clone(),
             Elem::F32,
-            format!("IREE {} {}", compiler.revision(), options.target.fingerprint()),
+            format!("IREE {} {} {}", compiler.revision(), options.target.fingerprint(), flags.join(" "))
+                .trim_end()
+                .to_owned(),
         );
         let fingerprint = Fingerprint {
             spec: config.spec.to_json(),
@@ -195,21 +223,6 @@ impl Decoder {
             target: options.target.fingerprint(),
         };
         let key_parts = vec![fingerprint.digest()];
-        let quantized = descriptor.dequantization.is_some();
-        let mut flags: Vec<String> = Vec::new();
-        // Weights stored narrower than the activations are widened (or dequantized) inside each
-        // op; IREE's const-expr hoisting would instead precompute a widened copy of every weight
-        // at load (the checkpoint's bytes several times over resident, and read by every step).
-        if weights != contract.activations || quantized {
-            flags.push("--iree-opt-const-expr-hoisting=false".to_owned());
-        }
-        // With aggressive dispatch fusion IREE 3.13 fuses a quantized weight's dequantization
-        // into the row-by-row reductions of a decode step (see `NumericContract::qlinear`), so
-        // the packed integers are what is read; without it each dequantized weight is written
-        // out in f32 and read back.
-        if quantized {
-            flags.push("--iree-dispatch-creation-enable-aggressive-fusion".to_owned());
-        }
         let request = CompileRequest {
             name: "decoder",
             mlir: &emitted.mlir,

@@ -90,8 +90,10 @@ const ROUNDING: [&str; 9] = [
 ];
 
 /// How reductions associate, as [`ContractDescriptor::association`] states it.
-const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles and vectorises each reduction); \
-                           qlinear over at most 16 rows reduces each row over (groups, group_size) at once";
+const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles and vectorises each reduction; \
+                           with --iree-llvmcpu-reassociate-fp-reductions in the backend, vector lanes are summed \
+                           apart and then combined); qlinear over at most 16 rows reduces each row over \
+                           (groups, group_size) at once";
 
 /// The dequantization, as [`ContractDescriptor::dequantization`] states it.
 const DEQUANTIZATION: &str = "MLX affine: integers packed least significant first in u32 words, zero-extended; \
