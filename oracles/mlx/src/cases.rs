@@ -135,6 +135,7 @@ const EXACT: Bound = Bound { abs: 0.0, rel: 0.0 };
 /// 1 and 2: affine dequantize and quantized matmul, group sizes 32, 64, 128 x bits 4, 8.
 pub fn quantized(iree: &Iree, report: &mut Report) -> Result<()> {
     let (out, inputs) = (64usize, 512usize);
+    report.notes.push(format!("1, 2: compiled with a quantized decoder bundle's flags: {}", quantized_flags().join(" ")));
     for group in [32usize, 64, 128] {
         for bits in [4usize, 8] {
             let mut rng = Rng::new(1000 + (group * 10 + bits) as u64);
@@ -210,8 +211,7 @@ pub fn quantized(iree: &Iree, report: &mut Report) -> Result<()> {
                     bits as i32,
                 )?)?;
                 let name = format!("qmm_{tag}_r{rows}");
-                // As the decoder compiles quantized modules.
-                let flags = ["--iree-dispatch-creation-enable-aggressive-fusion".to_owned()];
+                let flags = quantized_flags();
                 let mlir = qlinear_module(&name, rows, out, inputs, group, bits)?;
                 let ours = one(iree.run(
                     &name,
@@ -236,6 +236,20 @@ pub fn quantized(iree: &Iree, report: &mut Report) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The compiler flags of a quantized decoder bundle, as host/src/decoder/bundle.rs sets them:
+/// no const-expr hoisting, aggressive dispatch fusion (the dequantization fused into each row's
+/// reduction), reassociated fp reductions, a 64 KiB stack limit.
+fn quantized_flags() -> Vec<String> {
+    [
+        "--iree-opt-const-expr-hoisting=false",
+        "--iree-dispatch-creation-enable-aggressive-fusion",
+        "--iree-llvmcpu-reassociate-fp-reductions=true",
+        "--iree-llvmcpu-stack-allocation-limit=65536",
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 fn dequantize_module(
