@@ -5,6 +5,7 @@
 
 mod exec;
 mod generate;
+mod layout;
 mod multimodal;
 mod plugins;
 mod serve;

@@ -16,7 +16,7 @@ use mlxcel_plugin_api::{
     ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PlaceMode, PluginSet,
     Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
 };
-use mlxcel_shim::{Arg, Checkpoint, Device, Driver, HostTensor, Parameters, Session};
+use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Parameters, Session};
 
 use crate::exec::{DeviceArgs, compile};
 
@@ -574,6 +574,11 @@ impl<'a> Encoders<'a> {
                     .with_context(|| {
                         format!("the {} encoder's weights in {}", plugin.name(), self.checkpoint.display())
                     })?;
+            // An MLX checkpoint's convolution kernels are stored channels-last: served
+            // transposed into the layout the graph declares.
+            let derived = self.device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir).join("derived");
+            let (checkpoint, aliases) = crate::layout::serve_declared(checkpoint, aliases, &graph.parameters, &derived)
+                .with_context(|| format!("the {} encoder's weights in {}", plugin.name(), self.checkpoint.display()))?;
             let scope = (graph.parameter_scope.to_string(), aliases);
             if !self.parameters.contains_key(&scope) {
                 let parameters = Parameters::with_aliases(&scope.0, checkpoint, scope.1.clone())?;

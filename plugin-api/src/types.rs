@@ -970,11 +970,13 @@ impl CheckpointReport {
         let mut problems = Vec::new();
         for (name, shape) in &parameters {
             let key = keys.get(name).unwrap_or(name);
-            let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            let stored = |t: &TensorSpec| -> Vec<usize> { t.shape.iter().map(|&d| d as usize).collect() };
             match index.tensors.iter().find(|t| t.name.as_str() == key) {
                 None => problems.push(format!("the checkpoint has no `{key}`")),
-                Some(t) if t.shape.as_slice() != want.as_slice() => {
-                    problems.push(format!("`{key}` has shape {:?}, the config needs {want:?}", t.shape.as_slice()))
+                // As declared, or an MLX convolution kernel channels-last, which the host
+                // serves transposed.
+                Some(t) if let Err(why) = mlxcel_decoder::stored_layout(shape, &stored(t), None) => {
+                    problems.push(format!("`{key}` {why}"))
                 }
                 Some(t) if t.dtype != dtype => problems.push(format!(
                     "`{key}` is stored as {}; the encoder graph reads {} weights, the dtype the config names",

@@ -43,6 +43,8 @@ pub struct Checkpoint {
     files: Vec<PathBuf>,
     /// Per file, where its data section starts (8 + the header length).
     data_starts: Vec<u64>,
+    /// Per file, the `format` its header's `__metadata__` names (`pt`, `mlx`, ...), if any.
+    formats: Vec<Option<String>>,
     tensors: BTreeMap<String, TensorEntry>,
 }
 
@@ -113,7 +115,7 @@ impl Checkpoint {
         for path in files {
             let path = path.as_ref().to_owned();
             let file = ckpt.files.len();
-            let (data_start, entries) = read_header(&path, file)?;
+            let (data_start, format, entries) = read_header(&path, file)?;
             for (key, entry) in entries {
                 if ckpt.tensors.contains_key(&key) {
                     return Err(Error::CheckpointFormat {
@@ -125,8 +127,32 @@ impl Checkpoint {
             }
             ckpt.files.push(path);
             ckpt.data_starts.push(data_start);
+            ckpt.formats.push(format);
         }
         Ok(ckpt)
+    }
+
+    /// Whether every file says it was written by MLX (`"format": "mlx"` in its metadata, as
+    /// MLX's `save_safetensors` writes): MLX's own conventions then apply, convolution kernels
+    /// stored channels-last among them.
+    pub fn mlx_format(&self) -> bool {
+        !self.formats.is_empty() && self.formats.iter().all(|f| f.as_deref() == Some("mlx"))
+    }
+
+    /// The bytes of tensor `key` as stored.
+    pub fn read(&self, key: &str) -> Result<Vec<u8>> {
+        use std::io::{Seek, SeekFrom};
+        let entry = self.tensors.get(key).ok_or_else(|| Error::ParameterMissing {
+            key: key.to_owned(),
+            files: self.describe_files(),
+        })?;
+        let path = &self.files[entry.file];
+        let io = |source| Error::CheckpointIo { path: path.clone(), source };
+        let mut f = File::open(path).map_err(io)?;
+        f.seek(SeekFrom::Start(self.data_starts[entry.file] + entry.offsets.0)).map_err(io)?;
+        let mut bytes = vec![0u8; (entry.offsets.1 - entry.offsets.0) as usize];
+        f.read_exact(&mut bytes).map_err(io)?;
+        Ok(bytes)
     }
 
     /// Whether every tensor of file `file` starts at a multiple of `align`
@@ -156,8 +182,10 @@ impl Checkpoint {
 }
 
 /// Parses and validates one file's header against the file's length; returns
-/// where the data section starts and the tensors.
-fn read_header(path: &Path, file: usize) -> Result<(u64, Vec<(String, TensorEntry)>)> {
+/// where the data section starts, the metadata's `format` and the tensors.
+type Header = (u64, Option<String>, Vec<(String, TensorEntry)>);
+
+fn read_header(path: &Path, file: usize) -> Result<Header> {
     let io = |source| Error::CheckpointIo { path: path.to_owned(), source };
     let bad = |reason: String| Error::CheckpointFormat { path: path.to_owned(), reason };
     let mut f = File::open(path).map_err(io)?;
@@ -174,8 +202,10 @@ fn read_header(path: &Path, file: usize) -> Result<(u64, Vec<(String, TensorEntr
         serde_json::from_slice(&header).map_err(|e| bad(format!("header is not a json object: {e}")))?;
     let data_len = file_len - 8 - header_len;
     let mut out = Vec::with_capacity(json.len());
+    let mut format = None;
     for (key, v) in json {
         if key == "__metadata__" {
+            format = v.get("format").and_then(|f| f.as_str()).map(str::to_owned);
             continue;
         }
         let dtype = v["dtype"].as_str().ok_or_else(|| bad(format!("{key:?} has no dtype")))?.to_owned();
@@ -207,5 +237,5 @@ fn read_header(path: &Path, file: usize) -> Result<(u64, Vec<(String, TensorEntr
         }
         out.push((key, TensorEntry { dtype, shape, file, offsets }));
     }
-    Ok((8 + header_len, out))
+    Ok((8 + header_len, format, out))
 }

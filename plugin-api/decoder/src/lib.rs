@@ -19,6 +19,7 @@ pub use config::{ConfigError, TextConfig};
 pub use graph::{BundleShape, GraphError, KvLayout};
 pub use spec::{DecoderSpec, SPEC_SCHEMA, SpecError};
 pub use weights::{
-    AffineLayout, DecoderWeights, Index, LayerTensor, Linear, QuantConfig, Quantization, Tensor, TensorInfo,
-    WeightsError, check_affine, dense_problems, resolve_names, resolve_root, split_logical,
+    AffineLayout, DecoderWeights, Index, LayerTensor, Linear, QuantConfig, Quantization, StoredLayout, Tensor,
+    TensorInfo, WeightsError, channels_last, check_affine, dense_problems, resolve_names, resolve_root,
+    split_logical, stored_layout,
 };

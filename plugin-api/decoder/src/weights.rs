@@ -41,6 +41,55 @@ pub fn split_logical(name: &str) -> Option<(&str, &str)> {
     name.split_once(LOGICAL_SEPARATOR)
 }
 
+/// Module labels MLX's converters rename: (the transformers label, MLX's).
+const MLX_LABELS: [(&str, &str); 1] = [("visual", "vision_tower")];
+
+/// How a checkpoint stores a parameter the graph declares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoredLayout {
+    /// In the declared shape and order.
+    AsDeclared,
+    /// A convolution kernel declared `[out, in, k...]` (transformers' layout) stored
+    /// channels-last, `[out, k..., in]`, as MLX stores every convolution kernel; it is read
+    /// transposed into the declared layout.
+    ChannelsLast,
+}
+
+/// The channels-last shape of a kernel declared `[out, in, k...]`: `[out, k..., in]`; `None`
+/// below rank 3.
+pub fn channels_last(declared: &[usize]) -> Option<Vec<usize>> {
+    let [out, inputs, kernel @ ..] = declared else { return None };
+    if kernel.is_empty() {
+        return None;
+    }
+    let mut shape = vec![*out];
+    shape.extend_from_slice(kernel);
+    shape.push(*inputs);
+    Some(shape)
+}
+
+/// How the tensor stored as `stored` serves a parameter declared `declared`. `mlx` says whether
+/// the checkpoint is MLX's (its files' metadata), `None` when that is not known (a plugin's
+/// check sees only the tensors): an MLX checkpoint's kernel of rank 3 or more is channels-last,
+/// and one whose two layouts share a shape (`[o, 3, 3, 3]`) cannot be told apart and is refused;
+/// any other checkpoint's is as declared.
+pub fn stored_layout(declared: &[usize], stored: &[usize], mlx: Option<bool>) -> Result<StoredLayout, String> {
+    let last = channels_last(declared);
+    let channels_last_shape = last.as_deref() == Some(stored);
+    match mlx {
+        Some(true) if channels_last_shape && stored == declared => Err(format!(
+            "is {stored:?} in an MLX checkpoint, which stores convolution kernels channels-last; for this shape \
+             the two layouts cannot be told apart"
+        )),
+        Some(true) | None if channels_last_shape => Ok(StoredLayout::ChannelsLast),
+        _ if stored == declared => Ok(StoredLayout::AsDeclared),
+        Some(false) if channels_last_shape => Err(format!(
+            "has shape {stored:?}, the channels-last form of {declared:?}, but the checkpoint is not MLX's"
+        )),
+        _ => Err(format!("has shape {stored:?}, the config needs {declared:?}")),
+    }
+}
+
 /// Finds the one root below which the checkpoint holds every tensor of a module: the prefix
 /// `P` such that `P + path` is a key for each of `paths`. `label`, when not empty, must be one
 /// of the root's dotted components (`vision_tower` matches `vision_tower.`,
@@ -50,7 +99,12 @@ pub fn split_logical(name: &str) -> Option<(&str, &str)> {
 pub fn resolve_root(index: &Index, label: &str, paths: &[&str]) -> Result<String, WeightsError> {
     let module = || if label.is_empty() { "text model".to_owned() } else { format!("`{label}`") };
     let Some(first) = paths.first() else { return Ok(String::new()) };
-    let labelled = |root: &str| label.is_empty() || root.split('.').any(|c| c == label);
+    // MLX's converters rename some modules (mlx-vlm's Qwen2-VL keeps its `visual` tower as
+    // `vision_tower`): a root under either name is the module's; both at once stay ambiguous.
+    let mlx_name = MLX_LABELS.iter().find(|(hf, _)| *hf == label).map(|(_, mlx)| *mlx);
+    let labelled = |root: &str| {
+        label.is_empty() || root.split('.').any(|c| c == label || Some(c) == mlx_name)
+    };
     let candidates: Vec<&str> = index
         .keys()
         .filter_map(|key| key.strip_suffix(first))
