@@ -314,6 +314,18 @@ def run_variant(fam: str, model, processor, fixture: Path, v: common.Variant, ba
 
     g = common.Golden()
     g.put("input_ids", torch.from_numpy(np.array(ids[0]).astype(np.int64)))
+    # The masks mlx-vlm's language model applies over the prompt, as boolean matrices (its
+    # create_attention_mask: causal; Gemma 3's sliding layers also windowed). mlx-vlm has no
+    # bidirectional image blocks.
+    from mlx_vlm.models.base import create_attention_mask
+
+    rows = mx.zeros((1, n, 1))
+    masks = {"full_attention": create_attention_mask(rows, None, return_array=True)}
+    if fam == "gemma3":
+        window = lm.config.sliding_window
+        masks["sliding_attention"] = create_attention_mask(rows, None, window_size=window, return_array=True)
+    for kind, mask in masks.items():
+        g.put(f"attention_mask.{kind}", torch.from_numpy(np.array(mask).astype(np.uint8)))
     proc_keys = sorted(k for k in inputs if k not in ("input_ids", "attention_mask"))
     for k in proc_keys:
         g.put(k, torch.from_numpy(np.array(inputs[k])))
