@@ -135,7 +135,9 @@ const EXACT: Bound = Bound { abs: 0.0, rel: 0.0 };
 /// 1 and 2: affine dequantize and quantized matmul, group sizes 32, 64, 128 x bits 4, 8.
 pub fn quantized(iree: &Iree, report: &mut Report) -> Result<()> {
     let (out, inputs) = (64usize, 512usize);
-    report.notes.push(format!("1, 2: compiled with a quantized decoder bundle's flags: {}", quantized_flags().join(" ")));
+    report
+        .notes
+        .push(format!("1, 2: compiled with a quantized decoder bundle's flags: {}", quantized_flags().join(" ")));
     for group in [32usize, 64, 128] {
         for bits in [4usize, 8] {
             let mut rng = Rng::new(1000 + (group * 10 + bits) as u64);
@@ -718,9 +720,9 @@ pub fn scan(iree: &Iree, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// 9. conv2d of the Gemma3n SSCP stem: 1 -> 128 channels, 3x3, stride 2, padding 1, over a
-/// [1, 1, T=64, F=128] log-mel input (NCHW as Hugging Face holds it; NHWC x OHWI for MLX).
-/// mlxcel-emit has no convolution, so the `stablehlo.convolution` text is written here.
+/// 9. conv2d of the Gemma3n SSCP stem: 1 to 128 channels, 3x3, stride 2, padding 1, over a
+/// log-mel input of batch 1, 1 channel, T=64, F=128 (NCHW as Hugging Face holds it; NHWC x
+/// OHWI for MLX). mlxcel-emit has no convolution, so the `stablehlo.convolution` text is written here.
 pub fn conv(iree: &Iree, report: &mut Report) -> Result<()> {
     let (t, fr, co) = (64usize, 128usize, 128usize);
     let (ot, of) = (t / 2, fr / 2);

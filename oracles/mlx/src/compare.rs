@@ -87,7 +87,8 @@ pub fn max_diffs(ours: &[f32], theirs: &[f32]) -> (f64, f64) {
 pub fn first_outside(ours: &[f32], theirs: &[f32], bound: Bound) -> Option<usize> {
     ours.iter().zip(theirs).position(|(&a, &b)| {
         let d = (a as f64 - b as f64).abs();
-        !(d <= bound.abs + bound.rel * (b as f64).abs())
+        // NaN is outside every bound.
+        d.is_nan() || d > bound.abs + bound.rel * (b as f64).abs()
     })
 }
 
