@@ -720,7 +720,7 @@ pub fn scan(iree: &Iree, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// 9. conv2d of the Gemma3n SSCP stem: 1 to 128 channels, 3x3, stride 2, padding 1, over a
+/// Case 9, conv2d of the Gemma3n SSCP stem: 1 to 128 channels, 3x3, stride 2, padding 1, over a
 /// log-mel input of batch 1, 1 channel, T=64, F=128 (NCHW as Hugging Face holds it; NHWC x
 /// OHWI for MLX). mlxcel-emit has no convolution, so the `stablehlo.convolution` text is written here.
 pub fn conv(iree: &Iree, report: &mut Report) -> Result<()> {
