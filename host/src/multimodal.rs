@@ -35,6 +35,9 @@ const ENCODER_FLAGS: [&str; 2] = ["--iree-global-opt-data-tiling", "--iree-opt-c
 pub(crate) struct MediaModel<'a> {
     plugin: &'a LoadedPlugin,
     config: ModelConfig,
+    /// The checkpoint's form when it is one a manifest qualifies apart (`mlx_affine`: the
+    /// config records MLX's quantization); `None` for transformers' own forms.
+    form: Option<&'static str>,
 }
 
 impl<'a> MediaModel<'a> {
@@ -52,7 +55,12 @@ impl<'a> MediaModel<'a> {
         let config = plugin
             .parse_config(&config_json, &processor_json(model)?)
             .with_context(|| format!("the {} plugin cannot read {}", plugin.name(), model.display()))?;
-        Ok(Self { plugin, config })
+        let root: serde_json::Value = serde_json::from_str(&config_json)
+            .with_context(|| format!("{} is not json", model.join("config.json").display()))?;
+        let quantized = mlxcel_decoder::QuantConfig::from_config(&root)
+            .map_err(|e| anyhow!("{}: {e}", model.join("config.json").display()))?
+            .is_some();
+        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine") })
     }
 
     /// Every problem the plugin finds with the checkpoint's tensors (a module not found, a
@@ -85,7 +93,8 @@ impl<'a> MediaModel<'a> {
     }
 
     /// Checks that a request with `images` images may be served under `policy`: the capability
-    /// gate (`image`, and `multi_image` for more than one) and the manifest's count limit.
+    /// gate (`image`, and `multi_image` for more than one), the checkpoint's form where the
+    /// manifest qualifies it apart (`forms.mlx_affine`), and the manifest's count limit.
     pub(crate) fn admit(&self, images: usize, policy: QualificationPolicy) -> Result<(), MediaRefusal> {
         let mut capabilities = vec![Capability::Image];
         if images > 1 {
@@ -93,6 +102,9 @@ impl<'a> MediaModel<'a> {
         }
         for capability in capabilities {
             self.plugin.check_capability(capability, policy).map_err(MediaRefusal::Capability)?;
+        }
+        if let Some(form) = self.form {
+            self.plugin.check_form(form, policy).map_err(MediaRefusal::Capability)?;
         }
         if let Some(limit) = self.plugin.manifest().limits.max_images_per_request
             && images as u64 > u64::from(limit)

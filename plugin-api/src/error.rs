@@ -169,6 +169,28 @@ pub enum Error {
         status: Status,
     },
 
+    /// Media from a checkpoint of a form the plugin has not qualified (`experimental` without
+    /// the opt-in flag; `unsupported` or not declared: never).
+    #[error(
+        "plugin `{plugin}` {}",
+        match status {
+            Some(Status::Experimental) => format!(
+                "serves checkpoints in the `{form}` form as experimental, not qualified; start the host with {} to \
+                 serve them anyway",
+                ALLOW_UNQUALIFIED_FLAG
+            ),
+            _ => format!("does not serve media from checkpoints in the `{form}` form (its manifest does not qualify it)"),
+        }
+    )]
+    Form {
+        /// The plugin name.
+        plugin: String,
+        /// The checkpoint form (of `manifest::FORMS`).
+        form: String,
+        /// Its manifest status, `None` when not declared.
+        status: Option<Status>,
+    },
+
     /// The plugin does not support the capability at all (`unsupported` or not declared);
     /// no flag changes that.
     #[error("capability `{}` is not supported by plugin `{plugin}`", capability.as_str())]
@@ -178,6 +200,13 @@ pub enum Error {
         /// The capability.
         capability: Capability,
     },
+}
+
+impl Error {
+    /// Checkpoints of `form` are `status` (or, `None`, not declared) in `plugin`'s manifest.
+    pub fn form(plugin: &str, form: &str, status: Option<Status>) -> Error {
+        Error::Form { plugin: plugin.to_owned(), form: form.to_owned(), status }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

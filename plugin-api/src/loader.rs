@@ -375,6 +375,16 @@ impl LoadedPlugin {
         check_capability(&self.manifest, capability, policy)
     }
 
+    /// Whether media from a checkpoint of `form` (of `manifest::FORMS`) is served under `policy`.
+    pub fn check_form(&self, form: &str, policy: QualificationPolicy) -> Result<Status> {
+        let entry = self.manifest.form(form).map(|e| e.status);
+        match entry {
+            Some(Status::Qualified) => Ok(Status::Qualified),
+            Some(Status::Experimental) if policy.allow_unqualified => Ok(Status::Experimental),
+            status => Err(Error::form(self.name(), form, status)),
+        }
+    }
+
     /// Calls `identity` again (it was called once at load).
     pub fn call_identity(&self) -> Result<PluginIdentity> {
         call(self.name(), "identity", (self.module.identity())())

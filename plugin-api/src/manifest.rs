@@ -49,6 +49,36 @@ pub struct Manifest {
     pub limits: Limits,
     /// Qualification status per capability (`image`, `multi_image`, `audio`, `video`).
     pub capabilities: BTreeMap<String, CapabilityEntry>,
+    /// Qualification status per checkpoint form beyond transformers' own (f32, bf16, f16 and the
+    /// Hub's older layout, which the capabilities' evidence covers): [`FORMS`]. Media from a
+    /// checkpoint of a form not listed here is refused; an `experimental` one is served only
+    /// with the opt-in flag.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub forms: BTreeMap<String, FormEntry>,
+}
+
+/// The checkpoint forms a manifest may qualify: `mlx_affine`, the MLX community's
+/// affine-quantized checkpoints (`quantization` in `config.json`, packed `uint32` weights with
+/// scales and biases, MLX's key names and channels-last convolution kernels), against MLX's own
+/// reference (mlx-vlm on mlx-cpu).
+pub const FORMS: [&str; 1] = ["mlx_affine"];
+
+/// `[forms.<name>]`: how far a checkpoint form is qualified for the plugin's capabilities.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FormEntry {
+    /// The status.
+    pub status: Status,
+    /// Why, in a sentence (required unless qualified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// For `experimental`: the first stage (of [`STAGES`]) at which the form diverges from its
+    /// reference, as `plugins verify` reports it; the conformance test holds it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_divergence: Option<String>,
+    /// The conformance evidence; required for `qualified`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Evidence>,
 }
 
 /// `[plugin]`: identity and library.
@@ -190,6 +220,11 @@ impl Manifest {
         self.capabilities.get(capability.as_str())
     }
 
+    /// The entry for one checkpoint form (of [`FORMS`]), if declared.
+    pub fn form(&self, form: &str) -> Option<&FormEntry> {
+        self.forms.get(form)
+    }
+
     /// Checks every rule that parsing alone does not; returns the first problem.
     pub fn validate(&self) -> Result<(), String> {
         if self.manifest_version != MANIFEST_VERSION {
@@ -247,7 +282,29 @@ impl Manifest {
             }
             entry.validate().map_err(|e| format!("capabilities.{name}: {e}"))?;
         }
+        for (name, entry) in &self.forms {
+            if !FORMS.contains(&name.as_str()) {
+                return Err(format!("unknown checkpoint form `{name}` (known: {})", FORMS.join(", ")));
+            }
+            entry.validate().map_err(|e| format!("forms.{name}: {e}"))?;
+        }
         Ok(())
+    }
+}
+
+impl FormEntry {
+    fn validate(&self) -> Result<(), String> {
+        let capability =
+            CapabilityEntry { status: self.status, note: self.note.clone(), evidence: self.evidence.clone() };
+        capability.validate()?;
+        match (self.status, self.first_divergence.as_deref()) {
+            (Status::Experimental, None) => Err("status `experimental` requires first_divergence".to_owned()),
+            (Status::Experimental, Some(stage)) if !STAGES.contains(&stage) => {
+                Err(format!("first_divergence `{stage}` is not a stage ({})", STAGES.join(", ")))
+            }
+            (Status::Qualified, Some(_)) => Err("a qualified form has no first_divergence".to_owned()),
+            _ => Ok(()),
+        }
     }
 }
 

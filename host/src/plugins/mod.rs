@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use mlxcel_plugin_api::{
-    ALLOW_UNQUALIFIED_FLAG, Error as PluginApiError, LoadedPlugin, Manifest, PluginSet, QualificationPolicy, scan,
+    ALLOW_UNQUALIFIED_FLAG, Error as PluginApiError, LoadedPlugin, Manifest, PluginSet, QualificationPolicy, Status,
+    scan,
 };
 
 /// The environment variable naming the default plugin directory.
@@ -114,6 +115,25 @@ fn describe(plugin: &LoadedPlugin, policy: QualificationPolicy) -> String {
             Err(other) => format!("not served: {other}"),
         };
         out += &format!("    {:<12} {:<13} {served}\n", capability.as_str(), entry.status.to_string());
+        if let Some(note) = &entry.note {
+            out += &format!("      note: {note}\n");
+        }
+    }
+    if !manifest.forms.is_empty() {
+        out += "  checkpoint forms:\n";
+    }
+    for (form, entry) in &manifest.forms {
+        let served = match plugin.check_form(form, policy) {
+            Ok(_) => "served".to_owned(),
+            Err(_) if entry.status == Status::Experimental => {
+                format!("not served (start the host with {ALLOW_UNQUALIFIED_FLAG} to serve it)")
+            }
+            Err(_) => "never served".to_owned(),
+        };
+        out += &format!("    {form:<12} {:<13} {served}\n", entry.status.to_string());
+        if let Some(stage) = &entry.first_divergence {
+            out += &format!("      first divergence: {stage}\n");
+        }
         if let Some(note) = &entry.note {
             out += &format!("      note: {note}\n");
         }

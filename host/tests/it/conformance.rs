@@ -28,10 +28,52 @@ macro_rules! conformance {
 include!(concat!(env!("OUT_DIR"), "/conformance_cases.rs"));
 
 fn check(name: &str) {
+    if let Some(stage) = recorded_divergence(name) {
+        diverges_where_recorded(name, &stage);
+        return;
+    }
     verify_passes_every_stage(name);
     generate_gives_the_golden_tokens(name);
     crate::server::mixed_batch_gives_the_golden_tokens(name);
     bad_images_are_refused_clearly(name);
+}
+
+/// The first divergent stage the fixture's manifest records for the fixture's checkpoint form,
+/// when it marks that form `experimental` (an MLX-quantized checkpoint, `forms.mlx_affine`);
+/// `None` for transformers' own forms and qualified ones.
+fn recorded_divergence(name: &str) -> Option<String> {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).expect("config"))
+            .expect("json");
+    config.get("quantization")?;
+    let architecture = config["architectures"][0].as_str().expect("architecture");
+    let manifests = crate::support::workspace().join("manifests");
+    let manifest = std::fs::read_dir(&manifests)
+        .expect("manifests")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .map(|p| mlxcel_plugin_api::Manifest::from_file(&p).expect("manifest"))
+        .find(|m| m.accepts.architectures.iter().any(|a| a == architecture))
+        .expect("a manifest accepts the fixture");
+    let form = manifest.form("mlx_affine").unwrap_or_else(|| panic!("{name}: the manifest has no forms.mlx_affine"));
+    match form.status {
+        mlxcel_plugin_api::Status::Experimental => form.first_divergence.clone(),
+        _ => None,
+    }
+}
+
+/// An experimental form's fixture: verify fails, first at the recorded stage, and its
+/// text-only variants (the decoder alone) still pass every stage.
+fn diverges_where_recorded(name: &str, recorded: &str) {
+    let temp = tempfile::tempdir().expect("temp dir");
+    let (ok, report, err) = verify_json(&fixture(name), &temp.path().join("cache"));
+    assert!(!ok, "{name}: verify passes; the manifest's first_divergence ({recorded}) is out of date:\n{err}");
+    let stages = report["stages"].as_array().expect("stages");
+    let first = stages.iter().find(|s| s["outcome"] == "failed").expect("a failed stage");
+    assert_eq!(first["stage"], recorded, "{name}: the first divergence moved: {first}\n{err}");
+    for s in stages.iter().filter(|s| s["variant"] == "text_only") {
+        assert_ne!(s["outcome"], "failed", "{name}: the text path diverges: {s}");
+    }
 }
 
 /// `plugins verify --json` on `dir` with a fresh compile cache.

@@ -68,3 +68,21 @@ fn a_config_naming_another_weight_dtype_than_the_stored_one_is_refused() {
         assert!(stderr.contains(&want) && stderr.contains("visual."), "{name}: {stderr}");
     }
 }
+
+/// A checkpoint form the family's manifest marks experimental (Gemma 3's MLX-quantized form:
+/// mlx-vlm, its reference, is not transformers' Gemma 3 on images) is refused for images
+/// unless the user opts in, and then served; its text is served either way.
+#[test]
+fn experimental_checkpoint_forms_are_refused_for_images_without_the_opt_in() {
+    let model = fixture("gemma3_mlx_q4");
+    let image = model.join("inputs/wide.png");
+    let stderr = refused(&generate(plugins(), &model, std::slice::from_ref(&image), "Describe.", &[]));
+    assert!(
+        stderr.contains("plugin `gemma3` serves checkpoints in the `mlx_affine` form as experimental, not qualified"),
+        "{stderr}"
+    );
+    let opted = generate(plugins(), &model, &[image], "Describe.", &["--allow-unqualified"]);
+    assert!(opted.status.success(), "{}", String::from_utf8_lossy(&opted.stderr));
+    let text = generate(plugins(), &model, &[], "Say hello.", &[]);
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+}

@@ -147,6 +147,7 @@ impl Testkit {
             ]
             .into_iter()
             .collect(),
+            forms: Default::default(),
         }
     }
 }

@@ -99,7 +99,7 @@ fn identity_and_library_fields_are_checked() {
     check(
         ("[plugin]", "surprise = true\n[plugin]"),
         Err(
-            "unknown field `surprise`, expected one of `manifest_version`, `plugin`, `accepts`, `modalities`, `limits`, `capabilities` (line 5)",
+            "unknown field `surprise`, expected one of `manifest_version`, `plugin`, `accepts`, `modalities`, `limits`, `capabilities`, `forms` (line 5)",
         ),
     );
 }
@@ -160,4 +160,31 @@ fn qualified_requires_complete_evidence_within_tolerance() {
 fn experimental_may_carry_partial_evidence() {
     check(("status = \"qualified\"", "status = \"experimental\"\nnote = \"batched run pending\""), Ok(()));
     check(("status = \"qualified\"", "status = \"experimental\"\nnote = \"encoder off\""), Ok(()));
+}
+
+#[test]
+fn checkpoint_forms_are_known_and_experimental_ones_name_their_first_divergence() {
+    let experimental = "note = \"two-image fixture not yet at parity\"\n\n[forms.mlx_affine]\nstatus = \"experimental\"\nnote = \"mlx-vlm differs\"";
+    let with = |tail: &str| ("note = \"two-image fixture not yet at parity\"", format!("{experimental}{tail}"));
+    let (from, to) = with("\nfirst_divergence = \"mask\"");
+    check((from, &to), Ok(()));
+    let manifest = Manifest::parse(&VALID.replacen(from, &to, 1), Path::new("m.toml")).expect("valid");
+    assert_eq!(manifest.form("mlx_affine").map(|f| f.status), Some(Status::Experimental));
+    let (from, to) = with("");
+    check((from, &to), Err("forms.mlx_affine: status `experimental` requires first_divergence"));
+    let (from, to) = with("\nfirst_divergence = \"vibes\"");
+    check(
+        (from, &to),
+        Err(
+            "forms.mlx_affine: first_divergence `vibes` is not a stage (preprocess, placeholder, encoder, embeddings, positions, mask, logits)",
+        ),
+    );
+    let (from, to) = (
+        "[capabilities.multi_image]",
+        "[forms.gguf_q4_k]\nstatus = \"experimental\"\nnote = \"x\"\nfirst_divergence = \"mask\"\n\n[capabilities.multi_image]",
+    );
+    check((from, to), Err("unknown checkpoint form `gguf_q4_k` (known: mlx_affine)"));
+    let (from, to) =
+        ("[capabilities.multi_image]", "[forms.mlx_affine]\nstatus = \"qualified\"\n\n[capabilities.multi_image]");
+    check((from, to), Err("forms.mlx_affine: status `qualified` requires evidence"));
 }

@@ -146,6 +146,7 @@ impl Fixture {
             ]
             .into_iter()
             .collect(),
+            forms: Default::default(),
         }
     }
 }
