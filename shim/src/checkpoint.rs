@@ -142,10 +142,10 @@ impl Checkpoint {
     /// The bytes of tensor `key` as stored.
     pub fn read(&self, key: &str) -> Result<Vec<u8>> {
         use std::io::{Seek, SeekFrom};
-        let entry = self.tensors.get(key).ok_or_else(|| Error::ParameterMissing {
-            key: key.to_owned(),
-            files: self.describe_files(),
-        })?;
+        let entry = self
+            .tensors
+            .get(key)
+            .ok_or_else(|| Error::ParameterMissing { key: key.to_owned(), files: self.describe_files() })?;
         let path = &self.files[entry.file];
         let io = |source| Error::CheckpointIo { path: path.clone(), source };
         let mut f = File::open(path).map_err(io)?;

@@ -20,6 +20,6 @@ pub use graph::{BundleShape, GraphError, KvLayout};
 pub use spec::{DecoderSpec, SPEC_SCHEMA, SpecError};
 pub use weights::{
     AffineLayout, DecoderWeights, Index, LayerTensor, Linear, QuantConfig, Quantization, StoredLayout, Tensor,
-    TensorInfo, WeightsError, channels_last, check_affine, dense_problems, resolve_names, resolve_root,
-    split_logical, stored_layout,
+    TensorInfo, WeightsError, channels_last, check_affine, dense_problems, resolve_names, resolve_root, split_logical,
+    stored_layout,
 };

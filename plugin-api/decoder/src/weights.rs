@@ -102,9 +102,7 @@ pub fn resolve_root(index: &Index, label: &str, paths: &[&str]) -> Result<String
     // MLX's converters rename some modules (mlx-vlm's Qwen2-VL keeps its `visual` tower as
     // `vision_tower`): a root under either name is the module's; both at once stay ambiguous.
     let mlx_name = MLX_LABELS.iter().find(|(hf, _)| *hf == label).map(|(_, mlx)| *mlx);
-    let labelled = |root: &str| {
-        label.is_empty() || root.split('.').any(|c| c == label || Some(c) == mlx_name)
-    };
+    let labelled = |root: &str| label.is_empty() || root.split('.').any(|c| c == label || Some(c) == mlx_name);
     let candidates: Vec<&str> = index
         .keys()
         .filter_map(|key| key.strip_suffix(first))
