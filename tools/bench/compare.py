@@ -27,6 +27,12 @@ With --bf16, the bf16 checkpoint of the same shape too (bf16 storage on both sid
 bf16, mlxcel-host keeps the weights bf16 and computes in f32, its qualified mode): the image request's warm
 time to first token with its encoder and LM-prefill split, and one decode stream, alternating as above.
 
+With --q4, the MLX community's 4-bit form of the bf16 checkpoint too, made by mlx-vlm's own converter
+(`mlx_vlm.convert`, 4 bits in groups of 64, the vision tower left dense; cached under ~/.cache/mlxcel/bench/):
+mlxcel-host on it (one decode stream, the S-stream aggregate, the image request, peak RSS) beside transformers
+on the bf16 checkpoint (one stream and its batched S-stream `generate`), against the bandwidth limit of the
+packed bytes (4-bit weights with their bf16 scales and biases, every linear and the tied head).
+
 Decode rates are (tokens - 1) / (last token time - first token time) per stream; the aggregate rate counts
 every token of every stream that lands in the window where all S streams are decoding (from the last
 stream's first token to the first stream's last token). Peak RSS is each process's ru_maxrss (wait4), which
@@ -490,6 +496,49 @@ def mlx_worker(spec: dict) -> dict:
             "version": f"mlx-vlm {__import__('mlx_vlm').__version__} / mlx {mx.__version__}"}
 
 
+def hub_form_config(cfg: dict) -> dict:
+    """The Hub's flat pre-v5 Qwen2-VL config of a transformers 5 one: what mlx-vlm 0.7 reads."""
+    cfg = json.loads(json.dumps(cfg))
+    tc = cfg["text_config"]
+    rp = dict(tc.pop("rope_parameters"))
+    tc["rope_theta"] = rp.pop("rope_theta")
+    rp["type"] = "mrope"
+    tc["rope_scaling"] = rp
+    for k, v in tc.items():
+        if k != "model_type":
+            cfg.setdefault(k, v)
+    cfg["vision_config"]["model_type"] = "qwen2_vl"
+    return cfg
+
+
+def quantize_worker(spec: dict) -> dict:
+    """The MLX community's 4-bit form of a bench checkpoint, by mlx-vlm's own converter (in a process of its
+    own: a child's peak RSS starts at this process's high-water mark)."""
+    from mlx_vlm import convert
+
+    src, out = Path(spec["model"]), Path(spec["out"])
+    tmp = Path(tempfile.mkdtemp(prefix="mlx-src-"))
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (tmp / f.name).symlink_to(f)
+    (tmp / "config.json").write_text(json.dumps(hub_form_config(json.loads((src / "config.json").read_text()))))
+    convert(str(tmp), mlx_path=str(out), quantize=True, q_group_size=64, q_bits=4)
+    shutil.rmtree(tmp)
+    return {"out": str(out)}
+
+
+def ensure_q4(bf16: Path) -> Path:
+    """The 4-bit form of `bf16` (its directory name with `q4` for `bf16`), converted once."""
+    out = bf16.parent / bf16.name.replace("-bf16-", "-q4-")
+    done = out / "mlx-convert.done"
+    if not done.exists():
+        if out.exists():
+            shutil.rmtree(out)
+        run_worker("quantize", {"model": str(bf16), "out": str(out), "threads": 2})
+        done.write_text(json.dumps({"from": str(bf16), "by": "mlx_vlm.convert q_bits=4 q_group_size=64"}))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # limits
 
@@ -547,6 +596,8 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="also time process start to first token, empty vs warm cache")
     ap.add_argument("--bf16", action="store_true",
                     help="also the bf16 checkpoint of the same shape: image request and one decode stream")
+    ap.add_argument("--q4", action="store_true",
+                    help="also mlxcel-host on the MLX 4-bit form of the bf16 checkpoint, beside transformers in bf16")
     ap.add_argument("--mlx", action="store_true", help="also mlx-vlm's text-only decode")
     ap.add_argument("--mlx-new", type=int, default=16)
     ap.add_argument("--systems", default="mlxcel,hf")
@@ -557,7 +608,7 @@ def main() -> int:
 
     if args.worker:
         spec = json.loads(Path(args.spec).read_text())
-        fn = {"hf": hf_worker, "mlx": mlx_worker}[args.worker]
+        fn = {"hf": hf_worker, "mlx": mlx_worker, "quantize": quantize_worker}[args.worker]
         print("RESULT " + json.dumps(fn(spec)), flush=True)
         return 0
 
@@ -649,6 +700,25 @@ def main() -> int:
                 elif system == "hf":
                     runs_bf["hf"].append(run_worker("hf", {**wb.spec(), "dtype": "bf16", "stream_prompts": []}))
         extra["bf16"] = {"model": str(bf), **runs_bf}
+    if args.q4:
+        bf = ensure_checkpoint("bf16", w.config["text_config"]["num_hidden_layers"], w.config["vision_config"]["depth"])
+        q4 = ensure_q4(bf)
+        wb, wq = Workload(bf, args.image, args), Workload(q4, args.image, args)
+        runs_q: dict[str, list[dict]] = {"mlxcel_generate": [], "mlxcel_serve": [], "hf": []}
+        if "mlxcel" in systems:
+            say("q4: priming mlxcel-host's compile cache ...")
+            g = mlxcel_generate(wq, args, new=2)
+            mlxcel_serve(wq, args, len(g["prompt_ids"]), prime=True)
+        for rep in range(args.reps):
+            for system in (systems if rep % 2 == 0 else systems[::-1]):
+                say(f"q4 rep {rep + 1}: {system} ...")
+                if system == "mlxcel":
+                    g = mlxcel_generate(wq, args)
+                    runs_q["mlxcel_generate"].append(g)
+                    runs_q["mlxcel_serve"].append(mlxcel_serve(wq, args, len(g["prompt_ids"])))
+                elif system == "hf":
+                    runs_q["hf"].append(run_worker("hf", {**wb.spec(), "dtype": "bf16"}))
+        extra["q4"] = {"model": str(q4), "bf16_model": str(bf), **runs_q}
     if args.mlx:
         say("mlx-vlm ...")
         try:
@@ -764,6 +834,38 @@ def summarize_extra(extra: dict, w: Workload, args, bw) -> dict:
             ctx = len(g[0]["prompt_ids"]) + args.new / 2
             out["bf16"]["limits"] = {k: bw[f"{k}_GBps"] * 1e9 / decode_bytes(w.config, 2, ctx)
                                      for k in ("copy", "read")}
+    if "q4" in extra:
+        e = extra["q4"]
+        g, s, h = e["mlxcel_generate"], e["mlxcel_serve"], e["hf"]
+        rows = {
+            "ttft_image_s": (med(s, "ttft_image_s"), med(h, "ttft_image_s"), "lower"),
+            "lm_prefill_s": (med(s, "ttft_text_same_rows_s"), med(h, "lm_prefill_s"), "lower"),
+            "decode_1_tok_s": (med(g, "decode_tok_s"), med(h, "decode_tok_s"), "higher"),
+            "aggregate_tok_s": (med(s, "aggregate_tok_s"), med(h, "aggregate_tok_s"), "higher"),
+            "peak_rss_1_stream_bytes": (med(g, "peak_rss_bytes"), None, "lower"),
+            "peak_rss_bytes": (med(s, "peak_rss_bytes"), med(h, "peak_rss_bytes"), "lower"),
+        }
+        q4_dir = Path(e["model"])
+        out["q4"] = {
+            "model": e["model"], "bf16_model": e["bf16_model"],
+            "checkpoint_bytes": sum(f.stat().st_size for f in q4_dir.glob("*.safetensors")),
+            "same_prompt_ids": g[0]["prompt_ids"] == h[0]["prompt_ids"] if g and h else None,
+            "metrics": {k: {"mlxcel": a, "hf": b, "ratio": (b / a if c == "lower" else a / b) if a and b else None}
+                        for k, (a, b, c) in rows.items()},
+        }
+        if bw and g:
+            # 4 bits per weight plus a bf16 scale and bias per 64: 0.5625 bytes; the KV cache is f32.
+            ctx1 = len(g[0]["prompt_ids"]) + args.new / 2
+            ctx8 = statistics.fmean(w.text_rows(p) for p in w.stream_prompts) + args.new / 2
+            packed = 0.5 + 2 * 2 / 64
+            weights = decode_bytes(w.config, packed, 0)
+            kv1 = decode_bytes(w.config, 4, ctx1) - decode_bytes(w.config, 4, 0)
+            kv8 = decode_bytes(w.config, 4, ctx8, args.streams) - decode_bytes(w.config, 4, 0, args.streams)
+            out["q4"]["limits"] = {
+                k: {"decode_1_tok_s": bw[f"{k}_GBps"] * 1e9 / (weights + kv1),
+                    "aggregate_tok_s": args.streams * bw[f"{k}_GBps"] * 1e9 / (weights + kv8)}
+                for k in ("copy", "read")}
+            out["q4"]["bytes_per_step_1"] = weights + kv1
     if "mlx" in extra:
         out["mlx"] = {k: v for k, v in extra["mlx"].items() if k != "tokens"}
     return out
@@ -803,6 +905,8 @@ def print_table(r: dict) -> None:
     for k, v in r["summary_extra"].items():
         if k == "bf16":
             print_bf16(v, r)
+        elif k == "q4":
+            print_q4(v, r)
         else:
             print(f"{k}: {json.dumps(v, default=str)}")
 
@@ -816,6 +920,21 @@ def print_bf16(v: dict, r: dict) -> None:
         label = "peak RSS, `generate` 1 slot / HF process (GiB)" if k == "peak_rss_1_stream_bytes" else LABELS[k]
         rows.append((label.format(streams=r["streams"]), k, m["mlxcel"], m["hf"], m["ratio"], lim))
     print_rows(rows)
+
+
+def print_q4(v: dict, r: dict) -> None:
+    print(f"\nMLX 4-bit form {v['model']} ({v['checkpoint_bytes'] / 2**30:.2f} GiB; mlx_vlm.convert, groups of 64) "
+          f"under mlxcel-host, beside transformers in bf16 on {v['bf16_model']}, same prompt ids: "
+          f"{v['same_prompt_ids']}\n")
+    rows = []
+    for k, m in v["metrics"].items():
+        lim = None
+        if v.get("limits") and k in ("decode_1_tok_s", "aggregate_tok_s"):
+            lim = (v["limits"]["copy"][k], v["limits"]["read"][k])
+        rows.append((LABELS[k].format(streams=r["streams"]), k, m["mlxcel"], m["hf"], m["ratio"], lim))
+    print_rows(rows)
+    if v.get("bytes_per_step_1"):
+        print(f"packed bytes per decode step, 1 stream: {v['bytes_per_step_1'] / 1e9:.3f} GB")
 
 
 def print_rows(rows: list[tuple]) -> None:
