@@ -184,9 +184,9 @@ impl Decoder {
             flags.push("--iree-opt-const-expr-hoisting=false".to_owned());
         }
         // With aggressive dispatch fusion IREE 3.13 fuses a quantized weight's dequantization
-        // into the row-by-row reductions of a decode step (see `NumericContract::qlinear`), so
-        // the packed integers are what is read; without it each dequantized weight is written
-        // out in f32 and read back.
+        // into a one-row decode step's reductions (see `NumericContract::qlinear`), so the packed
+        // integers are what is read; without it each dequantized weight is written out in f32
+        // and read back.
         if quantized {
             flags.push("--iree-dispatch-creation-enable-aggressive-fusion".to_owned());
             // Those reductions run along the inputs; kept in order, IREE 3.13 reduces each
