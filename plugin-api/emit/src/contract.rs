@@ -159,20 +159,14 @@ impl NumericContract {
         let rank = x.ty().rank();
         let last = rank.saturating_sub(1);
         let rows: usize = x.shape()[..last].iter().product();
-        let mut y = if rows <= WEIGHT_LEFT_MAX_ROWS {
+        let y = if rows <= WEIGHT_LEFT_MAX_ROWS {
             let yt = f.dot_general(&wa, &xa, (&[], &[]), (&[1], &[last]));
             let perm: Vec<usize> = (1..rank).chain(std::iter::once(0)).collect();
             f.transpose(&yt, &perm)
         } else {
             f.dot_general(&xa, &wa, (&[], &[]), (&[last], &[1]))
         };
-        if let Some(b) = bias {
-            let ba = f.convert(b, self.accumulate);
-            let shape = y.shape().to_vec();
-            let bb = f.broadcast_to(&ba, &shape);
-            y = f.add(&y, &bb);
-        }
-        f.convert(&y, self.activations)
+        self.bias_and_round(f, &y, bias)
     }
 
     /// The weight of an affine-quantized linear, `[out, groups, group_size]` in the accumulator:
@@ -222,31 +216,32 @@ impl NumericContract {
         let rows: usize = lead.iter().product();
         let d = self.dequantize(f, w);
         let xa = f.convert(x, self.accumulate);
-        let mut y = if rows <= QLINEAR_ROW_BY_ROW_MAX_ROWS {
-            let x2 = f.reshape(&xa, &[rows, inputs]);
-            let mut each = Vec::with_capacity(rows);
-            for r in 0..rows {
-                let xr = f.slice(&x2, &[r, 0], &[r + 1, inputs]);
-                let xr = f.reshape(&xr, &[groups, g]);
-                let xb = f.broadcast(&xr, &[out, groups, g], &[1, 2]);
-                let p = f.mul(&d, &xb);
-                let yr = f.reduce(&p, &[1, 2], Reduce::Sum);
-                each.push(f.reshape(&yr, &[1, out]));
-            }
-            let y = if each.len() == 1 { each.remove(0) } else { f.concat(&each, 0) };
+        let y = if rows <= QLINEAR_ROW_BY_ROW_MAX_ROWS {
+            let xr = f.reshape(&xa, &[groups, g]);
+            let xb = f.broadcast(&xr, &[out, groups, g], &[1, 2]);
+            let p = f.mul(&d, &xb);
+            let yr = f.reduce(&p, &[1, 2], Reduce::Sum);
             let mut shape = lead.clone();
             shape.push(out);
-            f.reshape(&y, &shape)
+            f.reshape(&yr, &shape)
         } else {
             let w2 = f.reshape(&d, &[out, inputs]);
             f.dot_general(&xa, &w2, (&[], &[]), (&[last], &[1]))
         };
-        if let Some(b) = bias {
-            let ba = f.convert(b, self.accumulate);
-            let shape = y.shape().to_vec();
-            let bb = f.broadcast_to(&ba, &shape);
-            y = f.add(&y, &bb);
-        }
+        self.bias_and_round(f, &y, bias)
+    }
+
+    /// `y` (in the accumulator) plus `bias` widened to it, rounded once to the activation dtype:
+    /// how `linear` and `qlinear` end, as torch's addmm does.
+    fn bias_and_round(&self, f: &mut Func, y: &Value, bias: Option<&Value>) -> Value {
+        let y = match bias {
+            Some(b) => {
+                let ba = f.convert(b, self.accumulate);
+                let bb = f.broadcast_to(&ba, y.shape());
+                f.add(y, &bb)
+            }
+            None => y.clone(),
+        };
         f.convert(&y, self.activations)
     }
 
