@@ -1,12 +1,13 @@
 """The Hugging Face Hub form of the served fixtures: tests/fixtures/<name>_hub for llama, qwen2, qwen3,
-gemma3_text, qwen2_vl, gemma3 and llava.
+gemma3_text, qwen2_vl, qwen2_5_vl, gemma3 and llava.
 
 The fixtures are what transformers 5.24's `save_pretrained` writes. The checkpoints users download were mostly
 written by transformers 4, and differ in form but not in meaning:
 
 - config.json: `rope_theta` beside a legacy `rope_scaling` (its type spelled `type`, Qwen2-VL's M-RoPE as `mrope`)
   instead of `rope_parameters`; no `layer_types` (Gemma 3 says `sliding_window_pattern` and
-  `rope_local_base_freq`); Qwen2-VL's text fields flat beside `vision_config`; sub-configs sparse, every field
+  `rope_local_base_freq`); Qwen2-VL's and Qwen2.5-VL's text fields flat beside `vision_config` (Qwen2.5-VL's vision fields without
+  rotary parameters, the channels as `in_chans`); sub-configs sparse, every field
   equal to its config class's default left out (LLaVA 1.5's `text_config`); `torch_dtype` for `dtype`;
 - tensor names: the CLIP and SigLIP towers under `vision_tower.vision_model.`; the vision-language checkpoints
   sharded in two files with `model.safetensors.index.json`;
@@ -30,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 TEXT = ["llama", "qwen2", "qwen3", "gemma3_text"]
-VLM = ["qwen2_vl", "gemma3", "llava"]
+VLM = ["qwen2_vl", "qwen2_5_vl", "gemma3", "llava"]
 # Where transformers 4 kept the vision towers that transformers 5 saves one level up.
 TOWER_RENAMES = {"gemma3": ("vision_tower.", "vision_tower.vision_model."),
                  "llava": ("vision_tower.", "vision_tower.vision_model.")}
@@ -87,10 +88,19 @@ def hub_config(name: str, cfg: dict) -> dict:
     if name in TEXT:
         return text_form(cfg)
     text = text_form(cfg.pop("text_config"))
-    if name == "qwen2_vl":
-        # Qwen2-VL-2B on the Hub: the text fields flat beside vision_config.
+    if name in ("qwen2_vl", "qwen2_5_vl"):
+        # Qwen2-VL-2B and Qwen2.5-VL-3B on the Hub: the text fields flat beside vision_config.
         text.pop("model_type")
         cfg.update(text)
+        if name == "qwen2_5_vl":
+            # Qwen2.5-VL-3B's vision_config: no rotary parameters (transformers 5 writes the default axial ones),
+            # no model_type, the channels as `in_chans` beside `spatial_patch_size`.
+            vision = dict(cfg["vision_config"])
+            assert vision.pop("rope_parameters") == {"rope_theta": 10000.0, "rope_type": "axial"}, vision
+            vision.pop("model_type")
+            vision["in_chans"] = vision.pop("in_channels")
+            vision["spatial_patch_size"] = vision["patch_size"]
+            cfg["vision_config"] = vision
     elif name == "llava":
         from transformers import LlamaConfig
         cfg["text_config"] = sparse(text, LlamaConfig)

@@ -45,9 +45,10 @@ def main() -> None:
     )
     model = common.randomize(Qwen2_5_VLForConditionalGeneration(config))
     images = {k: common.synthetic_image(w, h, kind) for k, (w, h, kind) in gen_qwen2_vl.IMAGES.items()}
+    encoded, client_variants = common.client_formats(images["wide"], "wide")
     common.vlm_fixture(
-        "qwen2_5_vl", "gen_qwen2_5_vl.py", model, gen_qwen2_vl.processor(Qwen2_5_VLProcessor), images,
-        common.standard_variants("tall", "wide"), check=args.check, encoder=encoder, position_rows=3,
+        "qwen2_5_vl", "gen_qwen2_5_vl.py", model, gen_qwen2_vl.processor(Qwen2_5_VLProcessor), {**images, **encoded},
+        common.standard_variants("tall", "wide") + client_variants, check=args.check, encoder=encoder, position_rows=3,
         extra=gen_qwen2_vl.record_rope_delta,
     )
 

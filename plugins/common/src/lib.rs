@@ -4,6 +4,8 @@
 //! - [`image`]: decoded RGB images (decoding is `mlxcel-media`'s, built here for PNG only),
 //!   Pillow-exact resampling, rescale and normalise (transformers' PIL backend);
 //! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify;
+//! - [`qwen_vl`]: the Qwen-VL families' config, processor, prompt layout, M-RoPE contract and
+//!   vision-graph buckets and masks;
 //! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop;
 //! - [`config`]: the processor config's section, nested or flat, into a family's serde mirror;
 //! - [`vit`]: the vision-tower blocks of the encoder graphs (weights by logical name, linears,
@@ -16,6 +18,7 @@ pub mod clip;
 pub mod config;
 pub mod image;
 pub mod patches;
+pub mod qwen_vl;
 pub mod vit;
 
 pub use clip::{ShortestEdgeError, center_crop, shortest_edge_size};

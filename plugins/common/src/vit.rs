@@ -69,6 +69,51 @@ impl Tower<'_> {
         self.c.layer_norm(f, x, &w, &b, self.eps)
     }
 
+    /// RMSNorm (weight only) with the tower's `name.weight`, in the Llama/Qwen order: the
+    /// normalised value rounded to the activation dtype, then scaled.
+    pub fn rms_norm(&self, f: &mut Func, x: &Value, name: &str) -> Value {
+        let w = self.t(f, &format!("{name}.weight"));
+        self.c.rms_norm(f, x, &w, self.eps, mlxcel_emit::RmsStyle::Plain)
+    }
+
+    /// Self-attention of the Qwen-VL towers over the rows of `x [n, e]`: the fused `qkv` linear
+    /// under `attn` split into `heads` heads, the 2-D rotary embedding (tables `[n, d]`) on q and
+    /// k, scores scaled after the product with the additive `mask [n, n]` added, softmax, then
+    /// `attn.proj`.
+    pub fn rotary_attention(
+        &self,
+        f: &mut Func,
+        x: &Value,
+        attn: &str,
+        heads: usize,
+        (cos, sin): (&Value, &Value),
+        mask: &Value,
+    ) -> Value {
+        let (n, e) = (x.shape()[0], x.shape()[1]);
+        let d = e / heads;
+        let qkv = self.linear(f, x, &format!("{attn}.qkv"));
+        let qkv = f.reshape(&qkv, &[n, 3, heads, d]);
+        let part = |f: &mut Func, j: usize| {
+            let s = f.slice(&qkv, &[0, j, 0, 0], &[n, j + 1, heads, d]);
+            f.reshape(&s, &[n, heads, d])
+        };
+        let (q, k, val) = (part(f, 0), part(f, 1), part(f, 2));
+        let q = rope(f, &q, cos, sin);
+        let k = rope(f, &k, cos, sin);
+        // scores [heads, n, n]
+        let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
+        let scale = f.splat(scores.ty(), 1.0 / (d as f64).sqrt());
+        let scores = f.mul(&scores, &scale);
+        let mb = f.broadcast(mask, &[heads, n, n], &[1, 2]);
+        let masked = f.add(&scores, &mb);
+        let probs = self.c.softmax(f, &masked);
+        // out [heads, n, d] -> [n, heads * d]
+        let out = self.c.matmul(f, &probs, &val, (&[0], &[1]), (&[2], &[0]));
+        let out = f.transpose(&out, &[1, 0, 2]);
+        let out = f.reshape(&out, &[n, e]);
+        self.linear(f, &out, &format!("{attn}.proj"))
+    }
+
     /// Full self-attention over the rows of `x [n, hidden]` with `heads` heads, the projections
     /// under `attn` (`encoder.layers.3.self_attn`); scores scaled after the product, as the
     /// references do.

@@ -4,18 +4,18 @@
 
 use mlxcel_plugin_api::{ItemLayout, LayoutRequest, MediaGrid, Modality, PluginError, PromptLayout};
 
-use crate::config::Qwen2VlConfig;
+use super::QwenVl;
 
 /// The image placeholder token's text.
-pub(crate) const IMAGE_PAD: &str = "<|image_pad|>";
+pub const IMAGE_PAD: &str = "<|image_pad|>";
 
 /// The feature rows (and pad tokens) of an item with grid `(t, h, w)` in patches.
-pub(crate) fn feature_tokens(config: &Qwen2VlConfig, grid: &MediaGrid) -> Result<u32, PluginError> {
+pub fn feature_tokens(config: &QwenVl, grid: &MediaGrid) -> Result<u32, PluginError> {
     let dims = grid.dims.as_slice();
     let &[t, h, w] = dims else {
-        return Err(PluginError::invalid(format!("a qwen2-vl grid is (t, h, w), got {dims:?}")));
+        return Err(PluginError::invalid(format!("a qwen-vl grid is (t, h, w), got {dims:?}")));
     };
-    let merge = config.vision.spatial_merge_size as u32;
+    let merge = config.geometry.spatial_merge_size as u32;
     if h % merge != 0 || w % merge != 0 {
         return Err(PluginError::invalid(format!("grid {h}x{w} is not a multiple of the merge size {merge}")));
     }
@@ -25,7 +25,7 @@ pub(crate) fn feature_tokens(config: &Qwen2VlConfig, grid: &MediaGrid) -> Result
 }
 
 /// Replaces the `i`-th `<|image_pad|>` with item `i`'s run of pad tokens.
-pub(crate) fn layout(config: &Qwen2VlConfig, request: &LayoutRequest) -> Result<PromptLayout, PluginError> {
+pub fn layout(config: &QwenVl, request: &LayoutRequest) -> Result<PromptLayout, PluginError> {
     let prompt = request.prompt.as_str();
     let placeholders = prompt.matches(IMAGE_PAD).count();
     if placeholders != request.items.len() {
@@ -39,7 +39,7 @@ pub(crate) fn layout(config: &Qwen2VlConfig, request: &LayoutRequest) -> Result<
     let mut items = Vec::with_capacity(request.items.len());
     for (index, (item, rest)) in request.items.iter().zip(parts).enumerate() {
         if item.modality != Modality::Image {
-            return Err(PluginError::unsupported(format!("item {index}: qwen2-vl lays out images only")));
+            return Err(PluginError::unsupported(format!("item {index}: only images are laid out")));
         }
         let n = feature_tokens(config, &item.grid)?;
         if n != item.grid.feature_tokens {
@@ -65,12 +65,11 @@ mod tests {
     use mlxcel_plugin_api::{ItemMeta, RVec};
 
     use super::*;
-    use crate::testing::{VARIANT_GRIDS, fixture_config, golden, grid};
+    use crate::qwen_vl::testing::{FIXTURES, VARIANT_GRIDS, fixture_config, golden, grid};
 
-    fn request(prompt: &str, grids: &[[u32; 3]]) -> LayoutRequest {
-        let config = fixture_config();
+    fn request(config: &QwenVl, prompt: &str, grids: &[[u32; 3]]) -> LayoutRequest {
         let items: RVec<ItemMeta> =
-            grids.iter().map(|&g| ItemMeta { modality: Modality::Image, grid: grid(&config, g) }).collect();
+            grids.iter().map(|&g| ItemMeta { modality: Modality::Image, grid: grid(config, g) }).collect();
         LayoutRequest { prompt: prompt.into(), items }
     }
 
@@ -91,34 +90,36 @@ mod tests {
 
     #[test]
     fn each_placeholder_expands_to_its_grid_as_the_goldens_input_ids() {
-        let config = fixture_config();
-        for (variant, grids) in VARIANT_GRIDS {
-            let golden = golden(variant);
-            let layout = layout(&config, &request(golden.prompt().expect("prompt"), grids)).expect("layout");
-            let ids = golden.input_ids().expect("ids");
-            let runs = pad_runs(&ids, i64::from(config.image_token_id));
-            let counts: Vec<usize> = layout.items.iter().map(|i| i.feature_tokens as usize).collect();
-            assert_eq!(counts, runs, "{variant}");
-            // The expanded text holds exactly the golden's pads, in the golden's order.
-            assert_eq!(layout.text.matches(IMAGE_PAD).count(), runs.iter().sum::<usize>(), "{variant}");
-            let stripped = layout.text.replace(IMAGE_PAD, "");
-            assert_eq!(stripped, golden.prompt().expect("prompt").replace(IMAGE_PAD, ""), "{variant}");
+        for name in FIXTURES {
+            let config = fixture_config(name);
+            for (variant, grids) in VARIANT_GRIDS {
+                let golden = golden(name, variant);
+                let prompt = golden.prompt().expect("prompt");
+                let layout = layout(&config, &request(&config, prompt, grids)).expect("layout");
+                let ids = golden.input_ids().expect("ids");
+                let runs = pad_runs(&ids, i64::from(config.image_token_id));
+                let counts: Vec<usize> = layout.items.iter().map(|i| i.feature_tokens as usize).collect();
+                assert_eq!(counts, runs, "{name}/{variant}");
+                // The expanded text holds exactly the golden's pads, in the golden's order.
+                assert_eq!(layout.text.matches(IMAGE_PAD).count(), runs.iter().sum::<usize>(), "{variant}");
+                assert_eq!(layout.text.replace(IMAGE_PAD, ""), prompt.replace(IMAGE_PAD, ""), "{variant}");
+            }
         }
     }
 
     #[test]
     fn placeholder_and_image_counts_must_agree() {
-        let config = fixture_config();
+        let config = fixture_config("qwen2_vl");
         let two = "<|vision_start|><|image_pad|><|vision_end|><|vision_start|><|image_pad|><|vision_end|>";
-        let err = layout(&config, &request(two, &[[1, 4, 8]])).expect_err("one image for two placeholders");
+        let err = layout(&config, &request(&config, two, &[[1, 4, 8]])).expect_err("one image for two placeholders");
         assert_eq!(err.message.as_str(), "the prompt has 2 <|image_pad|> placeholders for 1 images");
-        let err = layout(&config, &request("no image", &[[1, 4, 8]])).expect_err("no placeholder");
+        let err = layout(&config, &request(&config, "no image", &[[1, 4, 8]])).expect_err("no placeholder");
         assert!(err.message.contains("0 <|image_pad|> placeholders"), "{err}");
     }
 
     #[test]
     fn a_grid_that_does_not_merge_is_refused() {
-        let config = fixture_config();
+        let config = fixture_config("qwen2_vl");
         let bad = MediaGrid { dims: vec![1, 3, 8].into(), feature_tokens: 6 };
         assert!(feature_tokens(&config, &bad).is_err());
     }

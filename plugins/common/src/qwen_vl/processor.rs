@@ -11,32 +11,28 @@
 //!   the host's zero padding), so attention stays within each image even when several
 //!   images' rows are concatenated into one call.
 
-use mlxcel_family_common::{Image, Normalize, Patchify, Resample, smart_resize};
 use mlxcel_plugin_api::{MediaGrid, MediaItem, PluginError, PreprocessOptions, Preprocessed, Tensor};
 
-use crate::config::Qwen2VlConfig;
+use super::QwenVl;
+use crate::{Image, Normalize, Patchify, Resample, smart_resize};
 
 /// Encoder input names shared with the graph.
-pub(crate) const PIXEL_VALUES: &str = "pixel_values";
-pub(crate) const GRID_THW: &str = "image_grid_thw";
-pub(crate) const PATCH_POSITIONS: &str = "patch_positions";
-pub(crate) const PATCH_SEGMENTS: &str = "patch_segments";
+pub const PIXEL_VALUES: &str = "pixel_values";
+pub const GRID_THW: &str = "image_grid_thw";
+pub const PATCH_POSITIONS: &str = "patch_positions";
+pub const PATCH_SEGMENTS: &str = "patch_segments";
 
 /// Segment marks of [`PATCH_SEGMENTS`].
-pub(crate) const SEGMENT_START: i32 = 2;
-pub(crate) const SEGMENT_CONTINUE: i32 = 1;
+pub const SEGMENT_START: i32 = 2;
+pub const SEGMENT_CONTINUE: i32 = 1;
 
 /// One image to encoder inputs. `options.max_pixels` and `min_pixels` tighten the processor's
 /// own bounds on the resized area (they never loosen them).
-pub(crate) fn preprocess(
-    config: &Qwen2VlConfig,
-    item: &MediaItem,
-    options: &PreprocessOptions,
-) -> Result<Preprocessed, PluginError> {
+pub fn preprocess(config: &QwenVl, item: &MediaItem, options: &PreprocessOptions) -> Result<Preprocessed, PluginError> {
     let image = match item {
         MediaItem::Rgb8 { width, height, pixels } => Image::from_rgb8(*width, *height, pixels.to_vec()),
         MediaItem::EncodedImage(bytes) => Image::decode(bytes),
-        _ => return Err(PluginError::unsupported("qwen2-vl preprocesses images only")),
+        _ => return Err(PluginError::unsupported("a qwen-vl processor preprocesses images only")),
     }
     .map_err(|e| PluginError::invalid(e.to_string()))?;
     let p = &config.processor;
@@ -107,35 +103,38 @@ fn i32_tensor(name: &str, shape: &[u64], values: &[i32]) -> Result<Tensor, Plugi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{fixture_config, golden, image_item};
+    use crate::qwen_vl::testing::{FIXTURES, fixture_config, golden, image_item};
 
     #[test]
     fn pixel_values_and_grids_match_the_goldens_to_1e_6() {
-        let config = fixture_config();
-        for variant in ["image", "two_images", "long"] {
-            let golden = golden(variant);
-            let images = golden.field("images").expect("images").as_array().expect("list").clone();
-            let mut pixels = Vec::new();
-            let mut grids = Vec::new();
-            for path in &images {
-                let item = image_item(path.as_str().expect("path"));
-                let out = preprocess(&config, &item, &PreprocessOptions::default()).expect("preprocess");
-                pixels.extend(out.tensors[0].to_f32().expect("f32"));
-                grids.extend(out.grid.dims.iter().map(|&d| i64::from(d)));
-                assert_eq!(out.grid.feature_tokens, out.grid.dims.iter().product::<u32>() / 4);
+        for name in FIXTURES {
+            let config = fixture_config(name);
+            for variant in ["image", "two_images", "long"] {
+                let golden = golden(name, variant);
+                let images = golden.field("images").expect("images").as_array().expect("list").clone();
+                let mut pixels = Vec::new();
+                let mut grids = Vec::new();
+                for path in &images {
+                    let item = image_item(name, path.as_str().expect("path"));
+                    let out = preprocess(&config, &item, &PreprocessOptions::default()).expect("preprocess");
+                    pixels.extend(out.tensors[0].to_f32().expect("f32"));
+                    grids.extend(out.grid.dims.iter().map(|&d| i64::from(d)));
+                    assert_eq!(out.grid.feature_tokens, out.grid.dims.iter().product::<u32>() / 4);
+                }
+                golden.check_i64("image_grid_thw", &grids).expect(variant);
+                let report = golden
+                    .check_f32("pixel_values", &pixels, mlxcel_golden::Tolerance::abs(1e-6))
+                    .unwrap_or_else(|e| panic!("{name}/{variant}: {e}"));
+                assert!(report.max_abs_diff <= 1e-6, "{name}/{variant}: {report:?}");
             }
-            golden.check_i64("image_grid_thw", &grids).expect(variant);
-            let report = golden
-                .check_f32("pixel_values", &pixels, mlxcel_golden::Tolerance::abs(1e-6))
-                .unwrap_or_else(|e| panic!("{variant}: {e}"));
-            assert!(report.max_abs_diff <= 1e-6, "{variant}: {report:?}");
         }
     }
 
     #[test]
     fn positions_follow_the_merge_order_and_segments_mark_the_first_row() {
-        let config = fixture_config();
-        let out = preprocess(&config, &image_item("inputs/wide.png"), &PreprocessOptions::default()).expect("ok");
+        let config = fixture_config("qwen2_vl");
+        let out =
+            preprocess(&config, &image_item("qwen2_vl", "inputs/wide.png"), &PreprocessOptions::default()).expect("ok");
         let positions = &out.tensors[2];
         let values: Vec<i32> =
             positions.data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
@@ -147,7 +146,7 @@ mod tests {
 
     #[test]
     fn bad_images_get_clear_errors() {
-        let config = fixture_config();
+        let config = fixture_config("qwen2_vl");
         let options = PreprocessOptions::default();
         let corrupt = MediaItem::EncodedImage(b"\x89PNG\r\n\x1a\ngarbage".to_vec().into());
         let err = preprocess(&config, &corrupt, &options).expect_err("corrupt");

@@ -10,11 +10,10 @@ use mlxcel_plugin_api::{
     AttentionMask, ContractRequest, PluginError, Positions, PrefillProgram, ProgramPlacement, RVec,
 };
 
-use crate::config::Qwen2VlConfig;
-use crate::prompt::feature_tokens;
-use crate::vision::FEATURES;
+use super::QwenVl;
+use super::prompt::feature_tokens;
 
-pub(crate) fn contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
+pub fn contract(config: &QwenVl, request: &ContractRequest, features: &str) -> Result<PrefillProgram, PluginError> {
     let ids = request.token_ids.as_slice();
     let len = ids.len();
     let pad = config.image_token_id;
@@ -33,7 +32,7 @@ pub(crate) fn contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Res
         });
     }
 
-    let merge = config.vision.spatial_merge_size as u32;
+    let merge = config.geometry.spatial_merge_size as u32;
     let mut rows: [Vec<i64>; 3] = [Vec::with_capacity(len), Vec::with_capacity(len), Vec::with_capacity(len)];
     let mut placements = Vec::with_capacity(request.items.len());
     let mut next: i64 = 0;
@@ -70,7 +69,7 @@ pub(crate) fn contract(config: &Qwen2VlConfig, request: &ContractRequest) -> Res
         }
         // The reference advances by the larger merged side (images have one frame).
         next += i64::from(h.max(w));
-        placements.push(ProgramPlacement::replace_span(index as u32, FEATURES, at as u32, count as u32));
+        placements.push(ProgramPlacement::replace_span(index as u32, features, at as u32, count as u32));
         at = end;
     }
     if let Some((index, _)) = items.next() {
@@ -96,11 +95,13 @@ mod tests {
     use mlxcel_plugin_api::{ItemMeta, Modality};
 
     use super::*;
-    use crate::testing::{VARIANT_GRIDS, fixture_config, golden, grid};
+    use crate::qwen_vl::testing::{FIXTURES, VARIANT_GRIDS, fixture_config, golden, grid};
 
-    fn request(variant: &str, grids: &[[u32; 3]]) -> ContractRequest {
-        let config = fixture_config();
-        let ids = golden(variant).input_ids().expect("ids");
+    const FEATURES: &str = "image_features";
+
+    fn request(name: &str, variant: &str, grids: &[[u32; 3]]) -> ContractRequest {
+        let config = fixture_config(name);
+        let ids = golden(name, variant).input_ids().expect("ids");
         ContractRequest {
             token_ids: ids.iter().map(|&i| i as u32).collect(),
             items: grids.iter().map(|&g| ItemMeta { modality: Modality::Image, grid: grid(&config, g) }).collect(),
@@ -109,36 +110,39 @@ mod tests {
 
     #[test]
     fn positions_and_rope_delta_match_the_goldens() {
-        let config = fixture_config();
-        for (variant, grids) in VARIANT_GRIDS {
-            let golden = golden(variant);
-            let request = request(variant, grids);
-            let c = contract(&config, &request).expect("contract");
-            let (ids, next) = match &c.positions {
-                Positions::OneD { ids, next_position } => (ids.to_vec(), *next_position),
-                Positions::MRope { ids, sections, interleaved, next_position } => {
-                    assert_eq!((sections.as_slice(), *interleaved), (&[2, 3, 3][..], false));
-                    (ids.to_vec(), *next_position)
-                }
-            };
-            golden.check_i64("position_ids", &ids).expect(variant);
-            let delta = golden.field("rope_delta").expect("rope_delta").as_i64().expect("integer");
-            assert_eq!(next - request.token_ids.len() as i64, delta, "{variant}");
-            let pads = request.token_ids.iter().filter(|&&t| t == config.image_token_id).count() as u32;
-            assert_eq!(c.placements.iter().map(|p| p.span().expect("a span").1).sum::<u32>(), pads, "{variant}");
-            assert_eq!(c.mask, AttentionMask::causal());
+        for name in FIXTURES {
+            let config = fixture_config(name);
+            for (variant, grids) in VARIANT_GRIDS {
+                let golden = golden(name, variant);
+                let request = request(name, variant, grids);
+                let c = contract(&config, &request, FEATURES).expect("contract");
+                let (ids, next) = match &c.positions {
+                    Positions::OneD { ids, next_position } => (ids.to_vec(), *next_position),
+                    Positions::MRope { ids, sections, interleaved, next_position } => {
+                        assert_eq!((sections.as_slice(), *interleaved), (&[2, 3, 3][..], false));
+                        (ids.to_vec(), *next_position)
+                    }
+                };
+                golden.check_i64("position_ids", &ids).expect(variant);
+                let delta = golden.field("rope_delta").expect("rope_delta").as_i64().expect("integer");
+                assert_eq!(next - request.token_ids.len() as i64, delta, "{name}/{variant}");
+                let pads = request.token_ids.iter().filter(|&&t| t == config.image_token_id).count() as u32;
+                assert_eq!(c.placements.iter().map(|p| p.span().expect("a span").1).sum::<u32>(), pads, "{variant}");
+                assert_eq!(c.mask, AttentionMask::causal());
+            }
         }
     }
 
     #[test]
     fn image_runs_that_disagree_with_the_grids_are_refused() {
-        let config = fixture_config();
+        let config = fixture_config("qwen2_vl");
+        let run = |variant: &str, grids: &[[u32; 3]]| contract(&config, &request("qwen2_vl", variant, grids), FEATURES);
         // One grid too few, one too many, and a grid whose run is shorter than the prompt's.
-        let err = contract(&config, &request("two_images", &[[1, 4, 8]])).expect_err("missing grid");
+        let err = run("two_images", &[[1, 4, 8]]).expect_err("missing grid");
         assert!(err.message.contains("every image is placed"), "{err}");
-        let err = contract(&config, &request("image", &[[1, 4, 8], [1, 2, 2]])).expect_err("extra grid");
+        let err = run("image", &[[1, 4, 8], [1, 2, 2]]).expect_err("extra grid");
         assert_eq!(err.message.as_str(), "image 1 has no run of image tokens in the prompt");
-        let err = contract(&config, &request("image", &[[1, 4, 4]])).expect_err("short grid");
+        let err = run("image", &[[1, 4, 4]]).expect_err("short grid");
         assert!(err.message.contains("exactly 4 image tokens"), "{err}");
     }
 }
