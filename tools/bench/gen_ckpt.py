@@ -1,20 +1,36 @@
 #!/usr/bin/env python3
-"""A shape-real Qwen2-VL-2B checkpoint: the real model's dimensions, random weights, Hugging Face layout.
+"""A shape-real Qwen2-VL-2B or Qwen2.5-VL-3B checkpoint: the real model's dimensions, random weights, Hugging
+Face layout.
 
 Every system under comparison loads the same bytes: config.json, sharded safetensors with their index,
-tokenizer.json (a small byte-level BPE whose special tokens sit at the real Qwen2-VL ids, and whose vocab is
+tokenizer.json (a small byte-level BPE whose special tokens sit at the real Qwen-VL ids, and whose vocab is
 padded with filler tokens so every id up to 151642 decodes to text), tokenizer_config.json, the real
 Qwen2-VL chat template, processor_config.json and generation_config.json (greedy, eos 151645 and 151643).
+
+--family picks the real model:
+
+  qwen2_vl    (default) Qwen2-VL-2B-Instruct: 28 text layers of width 1536, 32 vision blocks; config.json as
+              transformers 5 writes it (text fields under text_config). Directory qwen2vl-2b-<dtype>-L<n>-V<m>.
+  qwen2_5_vl  Qwen2.5-VL-3B-Instruct: 36 text layers of width 2048, 32 windowed vision blocks of width 1280;
+              config.json in the Hub's form (text fields flat beside vision_config, rope_theta and a legacy
+              rope_scaling of type mrope, torch_dtype, the vision tower's in_chans and spatial_patch_size),
+              processor_class Qwen2_5_VLProcessor. The two families share the special ids, so the tokenizer and
+              chat template are the same. Its vision tower attends over the whole image in every 8th block
+              (fullatt_block_indexes 7, 15, 23, 31 of 32) and within windows elsewhere; a reduced tower keeps
+              that rhythm (the blocks i with i % 8 == 7 below --vision-blocks, or only the last block when there
+              are fewer than 8). Directory qwen2_5_vl-3b-<dtype>-L<n>-V<m>.
 
 Run with the oracle venv's python (torch, transformers 5.24):
 
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py                      # 28 text / 32 vision, bf16
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --dtype f32 --text-layers 8 --vision-blocks 8
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family qwen2_5_vl    # 36 text / 32 vision, bf16
 
 Prints the checkpoint directory (default under ~/.cache/mlxcel/bench/); an existing complete directory is
 kept unless --force. Weights: seed 1235, matrices N(0, 1/fan_in), vectors default + N(0, 0.1) (the oracle's
 scheme), drawn in f32 and then cast, so the bf16 and f32 checkpoints of one depth hold the same values up to
-rounding.
+rounding. The whole f32 model is held in memory while it is drawn: about 4 bytes a parameter (8.8 GB for
+Qwen2-VL-2B, 15 GB for Qwen2.5-VL-3B at full depth, whichever --dtype is stored).
 """
 
 from __future__ import annotations
@@ -42,6 +58,11 @@ SPECIALS = {
 }
 VOCAB = 151936  # embedding rows of the real model (ids past the last special are padding rows)
 
+FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+# Each family's real model: the directory name's stem and its full depth (text layers, vision blocks).
+MODEL_NAME = {"qwen2_vl": "qwen2vl-2b", "qwen2_5_vl": "qwen2_5_vl-3b"}
+FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32)}
+
 # Qwen2-VL-2B-Instruct's chat template (default system prompt, image and video placeholders).
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -59,8 +80,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def default_dir(dtype: str, text_layers: int, vision_blocks: int) -> Path:
-    return BENCH_DIR / f"qwen2vl-2b-{dtype}-L{text_layers}-V{vision_blocks}"
+def default_dir(dtype: str, text_layers: int, vision_blocks: int, family: str = "qwen2_vl") -> Path:
+    return BENCH_DIR / f"{MODEL_NAME[family]}-{dtype}-L{text_layers}-V{vision_blocks}"
 
 
 def config(text_layers: int, vision_blocks: int):
@@ -83,6 +104,39 @@ def config(text_layers: int, vision_blocks: int):
         vision_start_token_id=SPECIALS["<|vision_start|>"], vision_end_token_id=SPECIALS["<|vision_end|>"],
         tie_word_embeddings=True,
     )
+
+
+def fullatt_blocks(depth: int) -> list[int]:
+    """Qwen2.5-VL's full-attention blocks for a tower of `depth`: every 8th, as in the real 32-block tower
+    (7, 15, 23, 31); a tower shallower than 8 keeps its last block full, so a reduced tower still runs both
+    kinds of block (from depth 2 on) and the index list stays valid (every index below depth)."""
+    return [i for i in range(depth) if i % 8 == 7] or [depth - 1]
+
+
+def qwen2_5_vl_hub_config(text_layers: int, vision_blocks: int, dtype: str) -> dict:
+    """Qwen2.5-VL-3B-Instruct's config.json as the Hub has it, at the given depth, naming the stored dtype.
+    The Hub form, not the nested one transformers 5 writes, because it is what users download; the host and
+    transformers read both. `vision_token_id` (<|vision_pad|>) is in the Hub's file; neither reads it."""
+    eot, im_end = SPECIALS["<|endoftext|>"], SPECIALS["<|im_end|>"]
+    return {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+        "attention_dropout": 0.0, "bos_token_id": eot, "eos_token_id": im_end,
+        "vision_start_token_id": SPECIALS["<|vision_start|>"], "vision_end_token_id": SPECIALS["<|vision_end|>"],
+        "vision_token_id": SPECIALS["<|vision_pad|>"], "image_token_id": SPECIALS["<|image_pad|>"],
+        "video_token_id": SPECIALS["<|video_pad|>"],
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 11008,
+        "max_position_embeddings": 128000, "max_window_layers": 70, "num_attention_heads": 16,
+        "num_hidden_layers": text_layers, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "sliding_window": 32768, "tie_word_embeddings": True,
+        "torch_dtype": {"f32": "float32", "bf16": "bfloat16"}[dtype], "use_cache": True, "use_sliding_window": False,
+        "vision_config": {
+            "depth": vision_blocks, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+            "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
+            "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": fullatt_blocks(vision_blocks),
+            "tokens_per_second": 2, "temporal_patch_size": 2,
+        },
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": VOCAB,
+    }
 
 
 def tokenizer():
@@ -126,26 +180,39 @@ def tokenizer():
     return hf
 
 
-def processor(tok):
-    from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor, Qwen2VLVideoProcessor
+def processor(tok, family: str = "qwen2_vl"):
+    import transformers
+    from transformers import Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
 
-    # Qwen2-VL-2B-Instruct's pixel limits.
+    # Qwen2-VL-2B-Instruct's pixel limits, which Qwen2.5-VL-3B-Instruct keeps; Qwen2.5-VL's processor wraps
+    # Qwen2-VL's image and video processors.
     image = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 16384, patch_size=14,
                                      temporal_patch_size=2, merge_size=2)
     video = Qwen2VLVideoProcessor(patch_size=14, temporal_patch_size=2, merge_size=2)
-    return Qwen2VLProcessor(image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATE)
+    cls = getattr(transformers, {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[family])
+    return cls(image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATE)
 
 
-def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str) -> dict:
+def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str, family: str = "qwen2_vl") -> dict:
     import common
     import torch
-    from transformers import GenerationConfig, Qwen2VLForConditionalGeneration
+    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, \
+        Qwen2VLForConditionalGeneration
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     timings = {}
     t = time.perf_counter()
     torch.manual_seed(common.SEED)
-    model = Qwen2VLForConditionalGeneration._from_config(config(text_layers, vision_blocks), dtype=torch.float32)
+    hub = None
+    if family == "qwen2_5_vl":
+        # Built from the Hub form itself (as from_pretrained reads it), so the weights fit the config.json
+        # written below.
+        hub = qwen2_5_vl_hub_config(text_layers, vision_blocks, dtype)
+        # A copy: from_dict rewrites the rope_scaling it is given in place into transformers 5's form.
+        cfg = Qwen2_5_VLConfig.from_dict(json.loads(json.dumps(hub)))
+        model = Qwen2_5_VLForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+    else:
+        model = Qwen2VLForConditionalGeneration._from_config(config(text_layers, vision_blocks), dtype=torch.float32)
     timings["construct_s"] = time.perf_counter() - t
     t = time.perf_counter()
     common.randomize(model)  # seed SEED + 1 = 1235
@@ -164,7 +231,10 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
     shutil.rmtree(tmp, ignore_errors=True)
     t = time.perf_counter()
     model.save_pretrained(tmp, max_shard_size=shard)
-    processor(tokenizer()).save_pretrained(tmp)
+    processor(tokenizer(), family).save_pretrained(tmp)
+    if hub is not None:
+        (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
+        check_reads_back(tmp, model.config)
     timings["save_s"] = time.perf_counter() - t
     params = {
         "total": sum(p.numel() for p in model.parameters()),
@@ -173,7 +243,7 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
     }
     files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
     info = {
-        "generator": "tools/bench/gen_ckpt.py", "dtype": dtype, "text_layers": text_layers,
+        "generator": "tools/bench/gen_ckpt.py", "family": family, "dtype": dtype, "text_layers": text_layers,
         "vision_blocks": vision_blocks, "params": params, "bytes": sum(files.values()), "files": files,
         "seed": common.SEED, "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
@@ -183,14 +253,36 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
     return info
 
 
-def ensure(dtype: str = "bf16", text_layers: int = 28, vision_blocks: int = 32, out: Path | None = None,
-           force: bool = False, shard: str = "2GB") -> Path:
-    """The checkpoint directory, built unless a complete one is there."""
-    out = out or default_dir(dtype, text_layers, vision_blocks)
+def check_reads_back(ckpt: Path, want) -> None:
+    """transformers must read the written Hub-form config.json to the config the weights were drawn for."""
+    from transformers import AutoConfig
+
+    got = AutoConfig.from_pretrained(ckpt)
+    # Bookkeeping that differs between a config built in memory and one read from a directory.
+    skip = {"dtype", "_name_or_path", "transformers_version", "architectures"}
+    for sub in ("text_config", "vision_config"):
+        a = {k: v for k, v in getattr(got, sub).to_dict().items() if k not in skip}
+        b = {k: v for k, v in getattr(want, sub).to_dict().items() if k not in skip}
+        if a != b:
+            diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+            raise RuntimeError(f"{ckpt}/config.json reads back to another {sub}: {diff}")
+    if got.tie_word_embeddings != want.tie_word_embeddings:
+        raise RuntimeError(f"{ckpt}/config.json: tie_word_embeddings reads back as {got.tie_word_embeddings}")
+
+
+def ensure(dtype: str = "bf16", text_layers: int | None = None, vision_blocks: int | None = None,
+           out: Path | None = None, force: bool = False, shard: str = "2GB", family: str = "qwen2_vl") -> Path:
+    """The checkpoint directory, built unless a complete one is there. Depths default to the real model's."""
+    full_text, full_vision = FULL_DEPTH[family]
+    text_layers = full_text if text_layers is None else text_layers
+    vision_blocks = full_vision if vision_blocks is None else vision_blocks
+    if text_layers < 1 or vision_blocks < 1:
+        raise ValueError("gen_ckpt: --text-layers and --vision-blocks must be at least 1")
+    out = out or default_dir(dtype, text_layers, vision_blocks, family)
     if force or not (out / DONE).exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         print(f"gen_ckpt: building {out}", file=sys.stderr, flush=True)
-        info = build(out, dtype, text_layers, vision_blocks, shard)
+        info = build(out, dtype, text_layers, vision_blocks, shard, family)
         print(f"gen_ckpt: {info['bytes'] / 1e9:.2f} GB, {info['params']['total']:,} parameters, "
               f"{info['timings_s']}", file=sys.stderr, flush=True)
     return out
@@ -198,15 +290,19 @@ def ensure(dtype: str = "bf16", text_layers: int = 28, vision_blocks: int = 32, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=FAMILIES, default="qwen2_vl",
+                    help="qwen2_vl: Qwen2-VL-2B's shape; qwen2_5_vl: Qwen2.5-VL-3B's (default %(default)s)")
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
-    ap.add_argument("--text-layers", type=int, default=28)
-    ap.add_argument("--vision-blocks", type=int, default=32)
-    ap.add_argument("--out", type=Path, help="default: ~/.cache/mlxcel/bench/qwen2vl-2b-<dtype>-L<n>-V<m>")
+    ap.add_argument("--text-layers", type=int, help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl)")
+    ap.add_argument("--vision-blocks", type=int, help="default: the real model's (32)")
+    ap.add_argument("--out", type=Path, help="default: ~/.cache/mlxcel/bench/qwen2vl-2b-<dtype>-L<n>-V<m> "
+                                             "(qwen2_5_vl: qwen2_5_vl-3b-<dtype>-L<n>-V<m>)")
     ap.add_argument("--shard-size", default="2GB", help="max_shard_size for save_pretrained")
     ap.add_argument("--force", action="store_true", help="rebuild even when a complete checkpoint is there")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    print(ensure(args.dtype, args.text_layers, args.vision_blocks, args.out, args.force, args.shard_size))
+    print(ensure(args.dtype, args.text_layers, args.vision_blocks, args.out, args.force, args.shard_size,
+                 args.family))
     return 0
 
 
