@@ -1,5 +1,5 @@
 """The bf16 form of the served fixtures: tests/fixtures/<name>_bf16 for the text decoders qwen3 and gemma3_text
-(qwen2's is tests/fixtures/qwen2_bf16_f32) and the vision-language qwen2_vl, qwen2_5_vl, gemma3 and llava. llama has none:
+(qwen2's is tests/fixtures/qwen2_bf16_f32) and the vision-language qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3 and llava. llama has none:
 rounded to bf16, its weights put two tokens within 1.4e-5 of each other on the standard prompts, under the
 greedy-margin guard (common.MIN_GREEDY_MARGIN), so its greedy tokens would not be a robust golden.
 
@@ -23,17 +23,19 @@ import gen_gemma3
 import gen_llava
 import gen_qwen2_5_vl
 import gen_qwen2_vl
+import gen_qwen3_vl
 
 TEXT = ["qwen3", "gemma3_text"]
 # What each family's generator passes to common.vlm_fixture besides the model, processor and images.
 FAMILIES = {
     "qwen2_vl": dict(encoder=gen_qwen2_vl.encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta),
     "qwen2_5_vl": dict(encoder=gen_qwen2_5_vl.encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta),
+    "qwen3_vl": dict(encoder=gen_qwen3_vl.encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta),
     "gemma3": dict(encoder=gen_gemma3.encoder, notes=list(gen_gemma3.NOTES)),
     "llava": dict(encoder=gen_llava.encoder),
 }
 # The narrow forms each vision-language fixture gets, by torch dtype and config name.
-FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "gemma3": ["bfloat16"], "llava": ["bfloat16", "float16"]}
+FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "qwen3_vl": ["bfloat16"], "gemma3": ["bfloat16"], "llava": ["bfloat16", "float16"]}
 SHORT = {"bfloat16": "bf16", "float16": "f16"}
 
 

@@ -1,5 +1,5 @@
 """The Hugging Face Hub form of the served fixtures: tests/fixtures/<name>_hub for llama, qwen2, qwen3,
-gemma3_text, qwen2_vl, qwen2_5_vl, gemma3 and llava.
+gemma3_text, qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3 and llava.
 
 The fixtures are what transformers 5.24's `save_pretrained` writes. The checkpoints users download were mostly
 written by transformers 4, and differ in form but not in meaning:
@@ -7,7 +7,8 @@ written by transformers 4, and differ in form but not in meaning:
 - config.json: `rope_theta` beside a legacy `rope_scaling` (its type spelled `type`, Qwen2-VL's M-RoPE as `mrope`)
   instead of `rope_parameters`; no `layer_types` (Gemma 3 says `sliding_window_pattern` and
   `rope_local_base_freq`); Qwen2-VL's and Qwen2.5-VL's text fields flat beside `vision_config` (Qwen2.5-VL's vision fields without
-  rotary parameters, the channels as `in_chans`); sub-configs sparse, every field
+  rotary parameters, the channels as `in_chans`); Qwen3-VL's interleaved sections in a `rope_scaling` of type
+  `default`, its vision config under the old model type `qwen3_vl`; sub-configs sparse, every field
   equal to its config class's default left out (LLaVA 1.5's `text_config`); `torch_dtype` for `dtype`;
 - tensor names: the CLIP and SigLIP towers under `vision_tower.vision_model.`; the vision-language checkpoints
   sharded in two files with `model.safetensors.index.json`;
@@ -31,7 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 TEXT = ["llama", "qwen2", "qwen3", "gemma3_text"]
-VLM = ["qwen2_vl", "qwen2_5_vl", "gemma3", "llava"]
+VLM = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "llava"]
 # Where transformers 4 kept the vision towers that transformers 5 saves one level up.
 TOWER_RENAMES = {"gemma3": ("vision_tower.", "vision_tower.vision_model."),
                  "llava": ("vision_tower.", "vision_tower.vision_model.")}
@@ -53,7 +54,10 @@ def legacy_rope(cfg: dict, per_kind: bool) -> None:
     rope = dict(rope)
     cfg["rope_theta"] = rope.pop("rope_theta")
     kind = rope.pop("rope_type", "default")
-    if "mrope_section" in rope:
+    if cfg.get("model_type") == "qwen3_vl_text":
+        # Qwen3-VL's Hub configs keep the sections, interleaved, in a `rope_scaling` of type `default`.
+        cfg["rope_scaling"] = {"rope_type": kind, **rope}
+    elif "mrope_section" in rope:
         rope.pop("mrope_interleaved", None)
         cfg["rope_scaling"] = {"type": "mrope", **rope}
     elif kind != "default":
@@ -101,6 +105,14 @@ def hub_config(name: str, cfg: dict) -> dict:
             vision["in_chans"] = vision.pop("in_channels")
             vision["spatial_patch_size"] = vision["patch_size"]
             cfg["vision_config"] = vision
+    elif name == "qwen3_vl":
+        # Qwen3-VL-2B's config: text_config nested (with rope_scaling), the vision config without rotary parameters
+        # and under the old model_type transformers rewrites.
+        cfg["text_config"] = text
+        vision = dict(cfg["vision_config"])
+        assert vision.pop("rope_parameters") == {"rope_theta": 10000.0, "rope_type": "axial"}, vision
+        vision["model_type"] = "qwen3_vl"
+        cfg["vision_config"] = vision
     elif name == "llava":
         from transformers import LlamaConfig
         cfg["text_config"] = sparse(text, LlamaConfig)

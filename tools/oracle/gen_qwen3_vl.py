@@ -53,8 +53,10 @@ def main() -> None:
         image_mean=[0.5] * 3, image_std=[0.5] * 3,
     )
     images = {k: common.synthetic_image(w, h, kind) for k, (w, h, kind) in gen_qwen2_vl.IMAGES.items()}
+    encoded, client_variants = common.client_formats(images["wide"], "wide")
     common.vlm_fixture(
-        "qwen3_vl", "gen_qwen3_vl.py", model, processor, images, common.standard_variants("tall", "wide"),
+        "qwen3_vl", "gen_qwen3_vl.py", model, processor, {**images, **encoded},
+        common.standard_variants("tall", "wide") + client_variants,
         check=args.check, encoder=encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta,
     )
 

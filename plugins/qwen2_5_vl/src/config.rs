@@ -9,6 +9,7 @@
 //! run it either.
 
 use mlxcel_family_common::qwen_vl::QwenVl;
+use mlxcel_family_common::qwen_vl::config::{VisionRope, check_heads};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -83,13 +84,7 @@ struct RawVision {
     window_size: usize,
     #[serde(default = "default_fullatt")]
     fullatt_block_indexes: Vec<usize>,
-    rope_parameters: Option<RawRope>,
-}
-
-#[derive(Deserialize)]
-struct RawRope {
-    rope_theta: Option<f64>,
-    rope_type: Option<String>,
+    rope_parameters: Option<VisionRope>,
 }
 
 fn default_depth() -> usize {
@@ -126,12 +121,8 @@ impl Qwen25VlConfig {
             "gelu_pytorch_tanh" => VisionAct::GeluPytorchTanh,
             other => return Err(PluginError::unsupported(format!("vision_config.hidden_act `{other}`"))),
         };
-        let rope = v.rope_parameters.as_ref();
-        if let Some(kind) = rope.and_then(|r| r.rope_type.as_deref()).filter(|&k| k != "axial") {
-            return Err(PluginError::unsupported(format!(
-                "vision_config.rope_parameters.rope_type `{kind}` (the tower's rotary embedding is axial)"
-            )));
-        }
+        let rope_theta = VisionRope::axial_theta(v.rope_parameters.as_ref())?;
+        check_heads("hidden_size", v.hidden_size, v.num_heads)?;
         let vision = VisionConfig {
             depth: v.depth,
             hidden_size: v.hidden_size,
@@ -141,17 +132,8 @@ impl Qwen25VlConfig {
             hidden_act,
             window_size: v.window_size,
             fullatt_block_indexes: v.fullatt_block_indexes,
-            rope_theta: rope.and_then(|r| r.rope_theta).unwrap_or(10000.0),
+            rope_theta,
         };
-        if vision.num_heads == 0
-            || !vision.hidden_size.is_multiple_of(vision.num_heads)
-            || !vision.head_dim().is_multiple_of(4)
-        {
-            return Err(invalid(format!(
-                "vision_config: hidden_size {} must split into num_heads {} heads of a multiple of 4",
-                vision.hidden_size, vision.num_heads
-            )));
-        }
         if let Some(&i) = vision.fullatt_block_indexes.iter().find(|&&i| i >= vision.depth) {
             return Err(invalid(format!("vision_config: fullatt_block_indexes names block {i} of {}", vision.depth)));
         }

@@ -18,7 +18,7 @@
 mod config;
 mod vision;
 
-use mlxcel_family_common::qwen_vl::{contract, processor, prompt, vision::FEATURES};
+use mlxcel_family_common::qwen_vl::{contract, processor, prompt};
 use mlxcel_plugin_api::decoder::DecoderSpec;
 use mlxcel_plugin_api::{
     Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
@@ -73,7 +73,7 @@ impl FamilyPlugin for Qwen25Vl {
     }
 
     fn encoder_buckets(config: &Qwen25VlConfig, modality: Modality) -> Result<Vec<ShapeBucket>, PluginError> {
-        mlxcel_family_common::qwen_vl::vision::buckets(&config.qwen, modality, "qwen2-5-vl")
+        mlxcel_family_common::qwen_vl::vision::buckets(&config.qwen, &vision::signature(config), modality, "qwen2-5-vl")
     }
 
     fn encoder_graph(config: &Qwen25VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
@@ -81,7 +81,7 @@ impl FamilyPlugin for Qwen25Vl {
     }
 
     fn prefill_program(config: &Qwen25VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
-        contract::contract(&config.qwen, request, FEATURES)
+        contract::contract(&config.qwen, request, &contract::Layout::default())
     }
 
     fn encoder_parameters(config: &Qwen25VlConfig) -> Vec<(String, Vec<usize>)> {

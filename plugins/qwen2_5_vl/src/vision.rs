@@ -21,8 +21,8 @@
 //! Buckets, inputs and the image mask are the Qwen-VL families' shared ones
 //! ([`mlxcel_family_common::qwen_vl::vision`]).
 
-use mlxcel_emit::{Elem, Func, Module, NumericContract, Type, Value};
-use mlxcel_family_common::qwen_vl::vision::{encoder_graph, image_keys, same_keys_mask, window_keys};
+use mlxcel_emit::{Func, Module, NumericContract, Value};
+use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask, window_keys};
 use mlxcel_family_common::vit::{Tower, declare_parameters, rotary_2d};
 use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, PluginError};
 
@@ -33,6 +33,11 @@ use crate::config::{Qwen25VlConfig, VisionAct};
 const PREFIX: &str = "visual/";
 /// Every RMSNorm's epsilon in the tower (`Qwen2_5_VLRMSNorm(..., eps=1e-6)`).
 const RMS_EPS: f64 = 1e-6;
+
+/// The graph's inputs beyond the shared ones (none) and its one output.
+pub(crate) fn signature(config: &Qwen25VlConfig) -> Signature {
+    Signature::features(config.vision.out_hidden_size)
+}
 
 /// Checkpoint keys and shapes the graph reads, in declaration order.
 pub(crate) fn parameters(config: &Qwen25VlConfig) -> Vec<(String, Vec<usize>)> {
@@ -69,7 +74,7 @@ pub(crate) fn parameters(config: &Qwen25VlConfig) -> Vec<(String, Vec<usize>)> {
 }
 
 pub(crate) fn graph(config: &Qwen25VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-    encoder_graph(&config.qwen, request, &parameters(config), config.vision.out_hidden_size, |n| emit(config, n))
+    encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n))
 }
 
 /// The vision MLP's activation.
@@ -89,7 +94,7 @@ pub(crate) fn emit(config: &Qwen25VlConfig, n: usize) -> Result<String, mlxcel_e
     let c = NumericContract::f32();
     let tower = Tower { c, globals: &globals, prefix: PREFIX, eps: RMS_EPS };
     let width = g.patch_width();
-    let args = [Type::new(Elem::F32, &[n, width]), Type::new(Elem::I32, &[n, 2]), Type::new(Elem::I32, &[n])];
+    let args = signature(config).argument_types(&config.qwen, n);
     let (mut func, a) = m.func("main", &args);
     let f = &mut func;
 

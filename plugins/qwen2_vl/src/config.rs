@@ -3,6 +3,7 @@
 //! special token ids, the patch geometry, the image processor) and Qwen2-VL's own vision tower.
 
 use mlxcel_family_common::qwen_vl::QwenVl;
+use mlxcel_family_common::qwen_vl::config::check_heads;
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -109,15 +110,7 @@ impl Qwen2VlConfig {
             hidden_act,
             rope_theta,
         };
-        if vision.num_heads == 0
-            || !vision.embed_dim.is_multiple_of(vision.num_heads)
-            || !vision.head_dim().is_multiple_of(4)
-        {
-            return Err(invalid(format!(
-                "vision_config: embed_dim {} must split into num_heads {} heads of a multiple of 4",
-                vision.embed_dim, vision.num_heads
-            )));
-        }
+        check_heads("embed_dim", vision.embed_dim, vision.num_heads)?;
         Ok(Self { qwen, vision })
     }
 }

@@ -16,7 +16,7 @@
 mod config;
 mod vision;
 
-use mlxcel_family_common::qwen_vl::{contract, processor, prompt, vision::FEATURES};
+use mlxcel_family_common::qwen_vl::{contract, processor, prompt};
 
 use mlxcel_plugin_api::decoder::DecoderSpec;
 use mlxcel_plugin_api::{
@@ -72,7 +72,7 @@ impl FamilyPlugin for Qwen2Vl {
     }
 
     fn encoder_buckets(config: &Qwen2VlConfig, modality: Modality) -> Result<Vec<ShapeBucket>, PluginError> {
-        mlxcel_family_common::qwen_vl::vision::buckets(&config.qwen, modality, "qwen2-vl")
+        mlxcel_family_common::qwen_vl::vision::buckets(&config.qwen, &vision::signature(config), modality, "qwen2-vl")
     }
 
     fn encoder_graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
@@ -80,7 +80,7 @@ impl FamilyPlugin for Qwen2Vl {
     }
 
     fn prefill_program(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
-        contract::contract(&config.qwen, request, FEATURES)
+        contract::contract(&config.qwen, request, &contract::Layout::default())
     }
 
     fn encoder_parameters(config: &Qwen2VlConfig) -> Vec<(String, Vec<usize>)> {

@@ -13,8 +13,8 @@
 //! Buckets, inputs and the image mask are the Qwen-VL families' shared ones
 //! ([`mlxcel_family_common::qwen_vl::vision`]).
 
-use mlxcel_emit::{Elem, Func, Module, NumericContract, Type, Value};
-use mlxcel_family_common::qwen_vl::vision::{encoder_graph, image_keys, same_keys_mask};
+use mlxcel_emit::{Func, Module, NumericContract, Value};
+use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask};
 use mlxcel_family_common::vit::{Tower, declare_parameters, rotary_2d};
 use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, PluginError};
 
@@ -24,6 +24,11 @@ use crate::config::{Qwen2VlConfig, VisionAct};
 /// resolves the root (`visual.` in hub checkpoints, `model.visual.` in transformers 5's).
 const PREFIX: &str = "visual/";
 const LN_EPS: f64 = 1e-6;
+
+/// The graph's inputs beyond the shared ones (none) and its one output.
+pub(crate) fn signature(config: &Qwen2VlConfig) -> Signature {
+    Signature::features(config.vision.hidden_size)
+}
 
 /// Checkpoint keys and shapes the graph reads, in declaration order.
 pub(crate) fn parameters(config: &Qwen2VlConfig) -> Vec<(String, Vec<usize>)> {
@@ -61,7 +66,7 @@ pub(crate) fn parameters(config: &Qwen2VlConfig) -> Vec<(String, Vec<usize>)> {
 }
 
 pub(crate) fn graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-    encoder_graph(&config.qwen, request, &parameters(config), config.vision.hidden_size, |n| emit(config, n))
+    encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n))
 }
 
 /// The vision MLP's activation.
@@ -87,7 +92,7 @@ pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_em
     let c = NumericContract::f32();
     let tower = Tower { c, globals: &globals, prefix: PREFIX, eps: LN_EPS };
     let width = g.patch_width();
-    let args = [Type::new(Elem::F32, &[n, width]), Type::new(Elem::I32, &[n, 2]), Type::new(Elem::I32, &[n])];
+    let args = signature(config).argument_types(&config.qwen, n);
     let (mut func, a) = m.func("main", &args);
     let f = &mut func;
 

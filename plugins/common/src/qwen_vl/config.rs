@@ -155,6 +155,38 @@ struct RawPixelBounds {
     longest_edge: Option<u64>,
 }
 
+/// `vision_config.rope_parameters` of the towers whose rotary embedding is axial (Qwen2.5-VL,
+/// Qwen3-VL), as a family's serde mirror reads it.
+#[derive(Deserialize, Debug, Default)]
+pub struct VisionRope {
+    rope_theta: Option<f64>,
+    rope_type: Option<String>,
+}
+
+impl VisionRope {
+    /// The rotary theta (10000 when the config names none, transformers' default); a rope type
+    /// other than the axial one is refused, as the reference refuses it.
+    pub fn axial_theta(rope: Option<&VisionRope>) -> Result<f64, PluginError> {
+        if let Some(kind) = rope.and_then(|r| r.rope_type.as_deref()).filter(|&k| k != "axial") {
+            return Err(PluginError::unsupported(format!(
+                "vision_config.rope_parameters.rope_type `{kind}` (the tower's rotary embedding is axial)"
+            )));
+        }
+        Ok(rope.and_then(|r| r.rope_theta).unwrap_or(10000.0))
+    }
+}
+
+/// The tower's width must split into `heads` heads whose size is a multiple of 4 (the 2-D
+/// rotary embedding halves each head, then halves each half into frequency pairs).
+pub fn check_heads(width_key: &str, width: usize, heads: usize) -> Result<(), PluginError> {
+    if heads == 0 || !width.is_multiple_of(heads) || !(width / heads).is_multiple_of(4) {
+        return Err(invalid(format!(
+            "vision_config: {width_key} {width} must split into num_heads {heads} heads of a multiple of 4"
+        )));
+    }
+    Ok(())
+}
+
 impl QwenVl {
     /// Parses `config.json` and the processor config (empty: the processor's defaults).
     pub fn parse(config_json: &str, processor_json: &str) -> Result<Self, PluginError> {
@@ -262,17 +294,23 @@ mod tests {
         for name in FIXTURES {
             let c = fixture_config(name);
             assert_eq!(c.text_hidden_size, 64, "{name}");
-            assert_eq!(c.mrope_section, [2, 3, 3], "{name}");
+            let sections: &[u32] = if name == "qwen3_vl" { &[6, 5, 5] } else { &[2, 3, 3] };
+            assert_eq!(c.mrope_section, sections, "{name}");
             assert_eq!(
                 (c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id),
                 (389, 390, 387, 388)
             );
-            let g = &c.geometry;
-            assert_eq!((g.patch_size, g.spatial_merge_size, g.temporal_patch_size, g.patch_width()), (14, 2, 2, 1176));
-            let p = &c.processor;
-            assert_eq!((p.min_pixels, p.max_pixels, p.resample), (3136, 12544, 3));
-            assert_eq!(p.mean_std, Some((CLIP_MEAN.map(|x| x as f32), CLIP_STD.map(|x| x as f32))));
+            let (g, p) = (&c.geometry, &c.processor);
+            assert_eq!((g.spatial_merge_size, g.temporal_patch_size, p.resample), (2, 2, 3));
             assert_eq!(p.rescale_factor, Some(0.00392156862745098));
+            if name == "qwen3_vl" {
+                // Patch 16, the pixel bounds as `size`, mean and std 0.5.
+                assert_eq!((g.patch_size, g.patch_width(), p.min_pixels, p.max_pixels), (16, 1536, 4096, 16384));
+                assert_eq!(p.mean_std, Some(([0.5; 3], [0.5; 3])));
+            } else {
+                assert_eq!((g.patch_size, g.patch_width(), p.min_pixels, p.max_pixels), (14, 1176, 3136, 12544));
+                assert_eq!(p.mean_std, Some((CLIP_MEAN.map(|x| x as f32), CLIP_STD.map(|x| x as f32))));
+            }
         }
     }
 

@@ -5,15 +5,31 @@
 //! image's largest position plus one. Decode continues from the largest position plus one,
 //! so `rope_delta = next_position - len`. A prompt without images has plain 1-D positions,
 //! as the reference gives it.
+//!
+//! What the families vary on is [`Layout`]: how the M-RoPE sections lie over the rotary
+//! dimensions, and which encoder outputs are also added to the early decoder layers' outputs at
+//! the image tokens (Qwen3-VL's DeepStack).
 
 use mlxcel_plugin_api::{
-    AttentionMask, ContractRequest, PluginError, Positions, PrefillProgram, ProgramPlacement, RVec,
+    AttentionMask, ContractRequest, PluginError, Positions, PrefillProgram, ProgramInjection, ProgramPlacement, RVec,
 };
 
 use super::QwenVl;
 use super::prompt::feature_tokens;
+use super::vision::FEATURES;
 
-pub fn contract(config: &QwenVl, request: &ContractRequest, features: &str) -> Result<PrefillProgram, PluginError> {
+/// A family's contract beyond the shared one.
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    /// The M-RoPE sections interleave over the rotary dimensions (t, h, w, t, h, w, ...: Qwen3-VL)
+    /// instead of following each other.
+    pub interleaved: bool,
+    /// Encoder outputs added, at each image's tokens, to the outputs of decoder layers 0, 1, ...
+    /// in this order (Qwen3-VL's DeepStack features).
+    pub injected: Vec<String>,
+}
+
+pub fn contract(config: &QwenVl, request: &ContractRequest, layout: &Layout) -> Result<PrefillProgram, PluginError> {
     let ids = request.token_ids.as_slice();
     let len = ids.len();
     let pad = config.image_token_id;
@@ -35,6 +51,7 @@ pub fn contract(config: &QwenVl, request: &ContractRequest, features: &str) -> R
     let merge = config.geometry.spatial_merge_size as u32;
     let mut rows: [Vec<i64>; 3] = [Vec::with_capacity(len), Vec::with_capacity(len), Vec::with_capacity(len)];
     let mut placements = Vec::with_capacity(request.items.len());
+    let mut injections = Vec::with_capacity(request.items.len() * layout.injected.len());
     let mut next: i64 = 0;
     let mut at = 0usize;
     let mut items = request.items.iter().enumerate();
@@ -69,7 +86,14 @@ pub fn contract(config: &QwenVl, request: &ContractRequest, features: &str) -> R
         }
         // The reference advances by the larger merged side (images have one frame).
         next += i64::from(h.max(w));
-        placements.push(ProgramPlacement::replace_span(index as u32, features, at as u32, count as u32));
+        placements.push(ProgramPlacement::replace_span(index as u32, FEATURES, at as u32, count as u32));
+        let tokens = placements[placements.len() - 1].tokens.clone();
+        injections.extend(layout.injected.iter().enumerate().map(|(layer, output)| ProgramInjection {
+            item: index as u32,
+            decoder_layer: layer as u32,
+            encoder_output: output.as_str().into(),
+            tokens: tokens.clone(),
+        }));
         at = end;
     }
     if let Some((index, _)) = items.next() {
@@ -82,11 +106,11 @@ pub fn contract(config: &QwenVl, request: &ContractRequest, features: &str) -> R
         positions: Positions::MRope {
             ids,
             sections: config.mrope_section.iter().copied().collect(),
-            interleaved: false,
+            interleaved: layout.interleaved,
             next_position: next,
         },
         mask,
-        injections: RVec::new(),
+        injections: injections.into(),
     })
 }
 
@@ -95,9 +119,7 @@ mod tests {
     use mlxcel_plugin_api::{ItemMeta, Modality};
 
     use super::*;
-    use crate::qwen_vl::testing::{FIXTURES, VARIANT_GRIDS, fixture_config, golden, grid};
-
-    const FEATURES: &str = "image_features";
+    use crate::qwen_vl::testing::{FIXTURES, VARIANTS, fixture_config, golden, grid, grids};
 
     fn request(name: &str, variant: &str, grids: &[[u32; 3]]) -> ContractRequest {
         let config = fixture_config(name);
@@ -112,14 +134,15 @@ mod tests {
     fn positions_and_rope_delta_match_the_goldens() {
         for name in FIXTURES {
             let config = fixture_config(name);
-            for (variant, grids) in VARIANT_GRIDS {
+            for variant in VARIANTS {
                 let golden = golden(name, variant);
-                let request = request(name, variant, grids);
-                let c = contract(&config, &request, FEATURES).expect("contract");
+                let request = request(name, variant, &grids(name, variant));
+                let c = contract(&config, &request, &Layout::default()).expect("contract");
                 let (ids, next) = match &c.positions {
                     Positions::OneD { ids, next_position } => (ids.to_vec(), *next_position),
                     Positions::MRope { ids, sections, interleaved, next_position } => {
-                        assert_eq!((sections.as_slice(), *interleaved), (&[2, 3, 3][..], false));
+                        assert_eq!(sections.as_slice(), config.mrope_section.as_slice());
+                        assert!(!interleaved, "the default layout");
                         (ids.to_vec(), *next_position)
                     }
                 };
@@ -136,7 +159,9 @@ mod tests {
     #[test]
     fn image_runs_that_disagree_with_the_grids_are_refused() {
         let config = fixture_config("qwen2_vl");
-        let run = |variant: &str, grids: &[[u32; 3]]| contract(&config, &request("qwen2_vl", variant, grids), FEATURES);
+        let run = |variant: &str, grids: &[[u32; 3]]| {
+            contract(&config, &request("qwen2_vl", variant, grids), &Layout::default())
+        };
         // One grid too few, one too many, and a grid whose run is shorter than the prompt's.
         let err = run("two_images", &[[1, 4, 8]]).expect_err("missing grid");
         assert!(err.message.contains("every image is placed"), "{err}");

@@ -79,11 +79,20 @@ pub(crate) mod testing {
 
     use super::QwenVl;
 
-    pub(crate) const FIXTURES: [&str; 2] = ["qwen2_vl", "qwen2_5_vl"];
+    pub(crate) const FIXTURES: [&str; 3] = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"];
 
-    /// Each variant with the grids the reference processor gave its images (`image_grid_thw`).
-    pub(crate) const VARIANT_GRIDS: [(&str, &[[u32; 3]]); 4] =
-        [("image", &[[1, 4, 8]]), ("long", &[[1, 4, 8]]), ("two_images", &[[1, 4, 8], [1, 6, 4]]), ("text_only", &[])];
+    /// The variants every Qwen-VL fixture has.
+    pub(crate) const VARIANTS: [&str; 4] = ["image", "long", "two_images", "text_only"];
+
+    /// The grids the reference processor gave a variant's images (`image_grid_thw`).
+    pub(crate) fn grids(name: &str, variant: &str) -> Vec<[u32; 3]> {
+        let golden = golden(name, variant);
+        if !golden.has("image_grid_thw") {
+            return Vec::new();
+        }
+        let dims = golden.tensor("image_grid_thw").expect("grid").to_i64().expect("integers");
+        dims.chunks_exact(3).map(|d| [d[0] as u32, d[1] as u32, d[2] as u32]).collect()
+    }
 
     fn fixture(name: &str) -> Fixture {
         Fixture::named(name).expect("the fixture")

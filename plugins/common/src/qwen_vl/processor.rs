@@ -120,6 +120,7 @@ mod tests {
                     pixels.extend(out.tensors[0].to_f32().expect("f32"));
                     grids.extend(out.grid.dims.iter().map(|&d| i64::from(d)));
                     assert_eq!(out.grid.feature_tokens, out.grid.dims.iter().product::<u32>() / 4);
+                    assert_eq!(out.tensors[0].spec.shape[1] as usize, config.geometry.patch_width());
                 }
                 golden.check_i64("image_grid_thw", &grids).expect(variant);
                 let report = golden

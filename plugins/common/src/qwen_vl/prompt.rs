@@ -65,7 +65,7 @@ mod tests {
     use mlxcel_plugin_api::{ItemMeta, RVec};
 
     use super::*;
-    use crate::qwen_vl::testing::{FIXTURES, VARIANT_GRIDS, fixture_config, golden, grid};
+    use crate::qwen_vl::testing::{FIXTURES, VARIANTS, fixture_config, golden, grid, grids};
 
     fn request(config: &QwenVl, prompt: &str, grids: &[[u32; 3]]) -> LayoutRequest {
         let items: RVec<ItemMeta> =
@@ -92,10 +92,10 @@ mod tests {
     fn each_placeholder_expands_to_its_grid_as_the_goldens_input_ids() {
         for name in FIXTURES {
             let config = fixture_config(name);
-            for (variant, grids) in VARIANT_GRIDS {
+            for variant in VARIANTS {
                 let golden = golden(name, variant);
                 let prompt = golden.prompt().expect("prompt");
-                let layout = layout(&config, &request(&config, prompt, grids)).expect("layout");
+                let layout = layout(&config, &request(&config, prompt, &grids(name, variant))).expect("layout");
                 let ids = golden.input_ids().expect("ids");
                 let runs = pad_runs(&ids, i64::from(config.image_token_id));
                 let counts: Vec<usize> = layout.items.iter().map(|i| i.feature_tokens as usize).collect();

@@ -39,24 +39,70 @@ fn bucket_id(n: usize) -> String {
     format!("patches-{n}")
 }
 
-/// The graph's inputs for a bucket of `n` patch rows.
-fn inputs(config: &QwenVl, n: usize) -> Vec<TensorSpec> {
-    let n64 = n as u64;
-    vec![
-        TensorSpec::new(PIXEL_VALUES, DType::F32, &[n64, config.geometry.patch_width() as u64]),
-        TensorSpec::new(PATCH_POSITIONS, DType::I32, &[n64, 2]),
-        TensorSpec::new(PATCH_SEGMENTS, DType::I32, &[n64]),
-    ]
+/// A per-row encoder input a family adds to the processor's three: `[n, width]` of `dtype`.
+#[derive(Debug, Clone, Copy)]
+pub struct RowInput {
+    pub name: &'static str,
+    pub dtype: DType,
+    pub width: usize,
+}
+
+/// A family's vision graph signature beyond what every Qwen-VL tower takes and gives: its extra
+/// per-row inputs (after `pixel_values`, `patch_positions` and `patch_segments`) and its
+/// outputs, every one `[n / merge^2, width]` f32 (the first is [`FEATURES`]).
+#[derive(Debug, Clone)]
+pub struct Signature {
+    pub extra_inputs: Vec<RowInput>,
+    pub outputs: Vec<String>,
+    pub width: usize,
+}
+
+impl Signature {
+    /// The plain tower's: no extra input, the features of `width` only.
+    pub fn features(width: usize) -> Self {
+        Signature { extra_inputs: Vec::new(), outputs: vec![FEATURES.to_owned()], width }
+    }
+
+    /// The graph's inputs for a bucket of `n` patch rows.
+    fn inputs(&self, config: &QwenVl, n: usize) -> Vec<TensorSpec> {
+        let n64 = n as u64;
+        let mut specs = vec![
+            TensorSpec::new(PIXEL_VALUES, DType::F32, &[n64, config.geometry.patch_width() as u64]),
+            TensorSpec::new(PATCH_POSITIONS, DType::I32, &[n64, 2]),
+            TensorSpec::new(PATCH_SEGMENTS, DType::I32, &[n64]),
+        ];
+        specs.extend(self.extra_inputs.iter().map(|i| TensorSpec::new(i.name, i.dtype, &[n64, i.width as u64])));
+        specs
+    }
+
+    /// The emitted function's argument types for `n` rows, in input order.
+    pub fn argument_types(&self, config: &QwenVl, n: usize) -> Vec<Type> {
+        self.inputs(config, n)
+            .iter()
+            .map(|spec| {
+                let elem = match spec.dtype {
+                    DType::I32 => Elem::I32,
+                    _ => Elem::F32,
+                };
+                Type::new(elem, &spec.shape.iter().map(|&d| d as usize).collect::<Vec<_>>())
+            })
+            .collect()
+    }
 }
 
 /// The image buckets; `family` names the plugin in the refusal of another modality.
-pub fn buckets(config: &QwenVl, modality: Modality, family: &str) -> Result<Vec<ShapeBucket>, PluginError> {
+pub fn buckets(
+    config: &QwenVl,
+    signature: &Signature,
+    modality: Modality,
+    family: &str,
+) -> Result<Vec<ShapeBucket>, PluginError> {
     if modality != Modality::Image {
         return Err(PluginError::unsupported(format!("{family} has no {} encoder", modality.as_str())));
     }
     Ok(bucket_sizes(config)
         .into_iter()
-        .map(|n| ShapeBucket { id: bucket_id(n).into(), inputs: inputs(config, n).into() })
+        .map(|n| ShapeBucket { id: bucket_id(n).into(), inputs: signature.inputs(config, n).into() })
         .collect())
 }
 
@@ -69,13 +115,13 @@ fn requested_rows(config: &QwenVl, request: &EncoderGraphRequest) -> Result<usiz
 }
 
 /// The encoder graph for the bucket `request` names: `emit(n)` writes the module for `n` patch
-/// rows reading the weights `parameters` (logical name and shape, in declaration order), whose
-/// output is `[n / merge^2, out_width]` features.
+/// rows reading the weights `parameters` (logical name and shape, in declaration order), with
+/// the inputs and outputs of `signature`.
 pub fn encoder_graph(
     config: &QwenVl,
+    signature: &Signature,
     request: &EncoderGraphRequest,
     parameters: &[(String, Vec<usize>)],
-    out_width: usize,
     emit: impl FnOnce(usize) -> Result<String, mlxcel_emit::EmitError>,
 ) -> Result<EncoderGraph, PluginError> {
     let n = requested_rows(config, request)?;
@@ -87,8 +133,12 @@ pub fn encoder_graph(
         entry_function: "main".into(),
         parameter_scope: "model".into(),
         parameters: crate::vit::parameter_specs(parameters, config.weights),
-        inputs: inputs(config, n).into(),
-        outputs: vec![TensorSpec::new(FEATURES, DType::F32, &[rows, out_width as u64])].into(),
+        inputs: signature.inputs(config, n).into(),
+        outputs: signature
+            .outputs
+            .iter()
+            .map(|name| TensorSpec::new(name, DType::F32, &[rows, signature.width as u64]))
+            .collect(),
     })
 }
 
