@@ -9,7 +9,7 @@
 //! run it either.
 
 use mlxcel_family_common::qwen_vl::QwenVl;
-use mlxcel_family_common::qwen_vl::config::{VisionRope, check_heads};
+use mlxcel_family_common::qwen_vl::config::{VisionAct, VisionRope, check_heads};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -43,18 +43,6 @@ impl VisionConfig {
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
     }
-}
-
-/// The vision MLP's activation (`hidden_act`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VisionAct {
-    /// `x * sigmoid(x)` (every Qwen2.5-VL checkpoint).
-    Silu,
-    /// Exact (erf) GELU.
-    Gelu,
-    /// The tanh approximation.
-    GeluPytorchTanh,
 }
 
 fn invalid(message: impl Into<String>) -> PluginError {
@@ -115,12 +103,7 @@ impl Qwen25VlConfig {
         let qwen = QwenVl::parse(config_json, processor_json)?;
         let raw: RawConfig = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
         let v = raw.vision_config.ok_or_else(|| invalid("config.json: no vision_config"))?;
-        let hidden_act = match v.hidden_act.as_str() {
-            "silu" => VisionAct::Silu,
-            "gelu" => VisionAct::Gelu,
-            "gelu_pytorch_tanh" => VisionAct::GeluPytorchTanh,
-            other => return Err(PluginError::unsupported(format!("vision_config.hidden_act `{other}`"))),
-        };
+        let hidden_act = VisionAct::parse(&v.hidden_act)?;
         let rope_theta = VisionRope::axial_theta(v.rope_parameters.as_ref())?;
         check_heads("hidden_size", v.hidden_size, v.num_heads)?;
         let vision = VisionConfig {

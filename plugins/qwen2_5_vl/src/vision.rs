@@ -26,7 +26,7 @@ use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys
 use mlxcel_family_common::vit::{Tower, declare_parameters, rotary_2d};
 use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, PluginError};
 
-use crate::config::{Qwen25VlConfig, VisionAct};
+use crate::config::Qwen25VlConfig;
 
 /// The vision weights, by logical name (`visual/<path below the vision model>`); the host
 /// resolves the root (`visual.` in Hub checkpoints, `model.visual.` in transformers 5's).
@@ -77,15 +77,6 @@ pub(crate) fn graph(config: &Qwen25VlConfig, request: &EncoderGraphRequest) -> R
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n))
 }
 
-/// The vision MLP's activation.
-fn activation(c: NumericContract, f: &mut Func, x: &Value, act: VisionAct) -> Value {
-    match act {
-        VisionAct::Silu => c.silu(f, x),
-        VisionAct::Gelu => c.gelu_erf(f, x),
-        VisionAct::GeluPytorchTanh => c.gelu_tanh(f, x),
-    }
-}
-
 /// Emits the module for a bucket of `n` patch rows.
 pub(crate) fn emit(config: &Qwen25VlConfig, n: usize) -> Result<String, mlxcel_emit::EmitError> {
     let (v, g) = (&config.vision, &config.qwen.geometry);
@@ -113,7 +104,7 @@ pub(crate) fn emit(config: &Qwen25VlConfig, n: usize) -> Result<String, mlxcel_e
         x = c.residual(f, &x, &attn);
         let h = tower.rms_norm(f, &x, &format!("blocks.{i}.norm2"));
         let gate = tower.linear(f, &h, &format!("blocks.{i}.mlp.gate_proj"));
-        let gate = activation(c, f, &gate, v.hidden_act);
+        let gate = v.hidden_act.apply(c, f, &gate);
         let up = tower.linear(f, &h, &format!("blocks.{i}.mlp.up_proj"));
         let h = f.mul(&gate, &up);
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.down_proj"));

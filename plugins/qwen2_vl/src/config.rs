@@ -3,7 +3,7 @@
 //! special token ids, the patch geometry, the image processor) and Qwen2-VL's own vision tower.
 
 use mlxcel_family_common::qwen_vl::QwenVl;
-use mlxcel_family_common::qwen_vl::config::check_heads;
+use mlxcel_family_common::qwen_vl::config::{VisionAct, check_heads};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -36,19 +36,6 @@ impl VisionConfig {
     pub fn mlp_dim(&self) -> usize {
         (self.embed_dim as f64 * self.mlp_ratio) as usize
     }
-}
-
-/// The vision MLP's activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VisionAct {
-    /// `x * sigmoid(1.702 x)` (Qwen2-VL's checkpoints).
-    QuickGelu,
-    /// Exact (erf) GELU.
-    Gelu,
-    /// The tanh approximation.
-    GeluPytorchTanh,
-    Silu,
 }
 
 fn invalid(message: impl Into<String>) -> PluginError {
@@ -93,13 +80,7 @@ impl Qwen2VlConfig {
         let qwen = QwenVl::parse(config_json, processor_json)?;
         let raw: RawConfig = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
         let v = raw.vision_config.as_ref().ok_or_else(|| invalid("config.json: no vision_config"))?;
-        let hidden_act = match v.hidden_act.as_str() {
-            "quick_gelu" => VisionAct::QuickGelu,
-            "gelu" => VisionAct::Gelu,
-            "gelu_pytorch_tanh" => VisionAct::GeluPytorchTanh,
-            "silu" => VisionAct::Silu,
-            other => return Err(PluginError::unsupported(format!("vision_config.hidden_act `{other}`"))),
-        };
+        let hidden_act = VisionAct::parse(&v.hidden_act)?;
         let rope_theta = v.rope_parameters.as_ref().and_then(|r| r.rope_theta).or(v.rope_theta).unwrap_or(10000.0);
         let vision = VisionConfig {
             depth: v.depth,

@@ -18,7 +18,7 @@ use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys
 use mlxcel_family_common::vit::{Tower, declare_parameters, rotary_2d};
 use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, PluginError};
 
-use crate::config::{Qwen2VlConfig, VisionAct};
+use crate::config::Qwen2VlConfig;
 
 /// The vision weights, by logical name (`visual/<path below the vision model>`); the host
 /// resolves the root (`visual.` in hub checkpoints, `model.visual.` in transformers 5's).
@@ -69,21 +69,6 @@ pub(crate) fn graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Re
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n))
 }
 
-/// The vision MLP's activation.
-fn activation(c: NumericContract, f: &mut Func, x: &Value, act: VisionAct) -> Value {
-    match act {
-        VisionAct::QuickGelu => {
-            let k = f.splat(x.ty(), 1.702);
-            let kx = f.mul(&k, x);
-            let s = f.logistic(&kx);
-            f.mul(x, &s)
-        }
-        VisionAct::Gelu => c.gelu_erf(f, x),
-        VisionAct::GeluPytorchTanh => c.gelu_tanh(f, x),
-        VisionAct::Silu => c.silu(f, x),
-    }
-}
-
 /// Emits the module for a bucket of `n` patch rows.
 pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_emit::EmitError> {
     let (v, g) = (&config.vision, &config.qwen.geometry);
@@ -108,7 +93,7 @@ pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_em
         x = f.add(&x, &attn);
         let h = tower.layer_norm(f, &x, &format!("blocks.{i}.norm2"));
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.fc1"));
-        let h = activation(c, f, &h, v.hidden_act);
+        let h = v.hidden_act.apply(c, f, &h);
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.fc2"));
         x = f.add(&x, &h);
     }

@@ -8,7 +8,7 @@
 //! is not a square grid, or a DeepStack index past the last block is refused.
 
 use mlxcel_family_common::qwen_vl::QwenVl;
-use mlxcel_family_common::qwen_vl::config::{VisionRope, check_heads};
+use mlxcel_family_common::qwen_vl::config::{VisionAct, VisionRope, check_heads};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
@@ -47,17 +47,6 @@ impl VisionConfig {
     pub fn grid_side(&self) -> usize {
         (self.num_position_embeddings as f64).sqrt() as usize
     }
-}
-
-/// The vision MLP's activation (`hidden_act`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VisionAct {
-    /// The tanh approximation (every Qwen3-VL checkpoint).
-    GeluPytorchTanh,
-    /// Exact (erf) GELU.
-    Gelu,
-    Silu,
 }
 
 fn invalid(message: impl Into<String>) -> PluginError {
@@ -121,12 +110,7 @@ impl Qwen3VlConfig {
         let qwen = QwenVl::parse(config_json, processor_json)?;
         let raw: RawConfig = serde_json::from_str(config_json).map_err(|e| invalid(format!("config.json: {e}")))?;
         let v = raw.vision_config.ok_or_else(|| invalid("config.json: no vision_config"))?;
-        let hidden_act = match v.hidden_act.as_str() {
-            "gelu_pytorch_tanh" => VisionAct::GeluPytorchTanh,
-            "gelu" => VisionAct::Gelu,
-            "silu" => VisionAct::Silu,
-            other => return Err(PluginError::unsupported(format!("vision_config.hidden_act `{other}`"))),
-        };
+        let hidden_act = VisionAct::parse(&v.hidden_act)?;
         let rope_theta = VisionRope::axial_theta(v.rope_parameters.as_ref())?;
         check_heads("hidden_size", v.hidden_size, v.num_heads)?;
         let vision = VisionConfig {

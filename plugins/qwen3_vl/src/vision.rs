@@ -22,7 +22,7 @@ use mlxcel_family_common::qwen_vl::vision::{FEATURES, RowInput, Signature, encod
 use mlxcel_family_common::vit::{Tower, declare_parameters, rotary_2d};
 use mlxcel_plugin_api::{DType, EncoderGraph, EncoderGraphRequest, PluginError};
 
-use crate::config::{Qwen3VlConfig, VisionAct};
+use crate::config::Qwen3VlConfig;
 use crate::processor::{POS_TAPS, POS_WEIGHTS};
 
 /// The vision weights, by logical name (`visual/<path below the vision model>`); the host
@@ -103,15 +103,6 @@ pub(crate) fn graph(config: &Qwen3VlConfig, request: &EncoderGraphRequest) -> Re
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n))
 }
 
-/// The vision MLP's activation.
-fn activation(c: NumericContract, f: &mut Func, x: &Value, act: VisionAct) -> Value {
-    match act {
-        VisionAct::GeluPytorchTanh => c.gelu_tanh(f, x),
-        VisionAct::Gelu => c.gelu_erf(f, x),
-        VisionAct::Silu => c.silu(f, x),
-    }
-}
-
 /// The learned position embedding of each row: its taps' table rows times their weights,
 /// summed in tap order (`(pos_embed(taps) * weights[..., None]).sum(1)`).
 fn position_embedding(tower: &Tower, f: &mut Func, taps: &Value, weights: &Value) -> Value {
@@ -172,7 +163,7 @@ pub(crate) fn emit(config: &Qwen3VlConfig, n: usize) -> Result<String, mlxcel_em
         x = c.residual(f, &x, &attn);
         let h = tower.layer_norm(f, &x, &format!("blocks.{i}.norm2"));
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.linear_fc1"));
-        let h = activation(c, f, &h, v.hidden_act);
+        let h = v.hidden_act.apply(c, f, &h);
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.linear_fc2"));
         x = c.residual(f, &x, &h);
         if let Some(k) = v.deepstack_visual_indexes.iter().position(|&d| d == i) {

@@ -176,6 +176,53 @@ impl VisionRope {
     }
 }
 
+/// A Qwen-VL vision MLP's activation (`vision_config.hidden_act`): Qwen2-VL's checkpoints use
+/// `quick_gelu`, Qwen2.5-VL's `silu`, Qwen3-VL's `gelu_pytorch_tanh`; each family reads any of
+/// them, as the reference's `ACT2FN` does. Another name is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VisionAct {
+    /// `x * sigmoid(1.702 x)`.
+    QuickGelu,
+    /// Exact (erf) GELU.
+    Gelu,
+    /// The tanh approximation.
+    GeluPytorchTanh,
+    Silu,
+}
+
+impl VisionAct {
+    pub fn parse(name: &str) -> Result<Self, PluginError> {
+        match name {
+            "quick_gelu" => Ok(VisionAct::QuickGelu),
+            "gelu" => Ok(VisionAct::Gelu),
+            "gelu_pytorch_tanh" => Ok(VisionAct::GeluPytorchTanh),
+            "silu" => Ok(VisionAct::Silu),
+            other => Err(PluginError::unsupported(format!("vision_config.hidden_act `{other}`"))),
+        }
+    }
+
+    /// The activation of `x`, in the contract's arithmetic.
+    pub fn apply(
+        self,
+        c: mlxcel_emit::NumericContract,
+        f: &mut mlxcel_emit::Func,
+        x: &mlxcel_emit::Value,
+    ) -> mlxcel_emit::Value {
+        match self {
+            VisionAct::QuickGelu => {
+                let k = f.splat(x.ty(), 1.702);
+                let kx = f.mul(&k, x);
+                let s = f.logistic(&kx);
+                f.mul(x, &s)
+            }
+            VisionAct::Gelu => c.gelu_erf(f, x),
+            VisionAct::GeluPytorchTanh => c.gelu_tanh(f, x),
+            VisionAct::Silu => c.silu(f, x),
+        }
+    }
+}
+
 /// The tower's width must split into `heads` heads whose size is a multiple of 4 (the 2-D
 /// rotary embedding halves each head, then halves each half into frequency pairs).
 pub fn check_heads(width_key: &str, width: usize, heads: usize) -> Result<(), PluginError> {
