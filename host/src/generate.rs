@@ -174,26 +174,26 @@ fn run(args: &GenerateArgs) -> Result<()> {
     // Media first: the plugin, its capability gate and every image are checked before any
     // compile.
     let plugins;
-    let (media, spec) = if args.images.is_empty() {
-        // A text prompt still takes the decoder the checkpoint's plugin declares, when a
-        // plugin directory is given and one accepts it.
-        let spec = match args.plugins.dir() {
-            None => None,
+    let (media, spec, start) = if args.images.is_empty() {
+        // A text prompt still takes the decoder (and the prompt start) the checkpoint's plugin
+        // declares, when a plugin directory is given and one accepts it.
+        let (spec, start) = match args.plugins.dir() {
+            None => (None, None),
             Some(_) => {
                 plugins = args.plugins.scan()?;
                 match MediaModel::open(&plugins.1, &plugins.0, dir) {
-                    Ok(model) => model.decoder_spec()?,
-                    Err(_) => None,
+                    Ok(model) => (model.decoder_spec()?, model.prompt_start()),
+                    Err(_) => (None, None),
                 }
             }
         };
-        (None, spec)
+        (None, spec, start)
     } else {
         plugins = args.plugins.scan()?;
         let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
         let media = MediaRequest::open(&plugins.1, &plugins.0, dir, &args.images, policy)?;
         let spec = media.decoder_spec()?;
-        (Some(media), spec)
+        (Some(media), spec, None)
     };
 
     let tokenizer = Tokenizer::load(dir)?;
@@ -216,7 +216,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
         template.render(&messages, true)?
     };
     let ids = match &media {
-        None => tokenizer.encode(&prompt, false)?,
+        None => crate::multimodal::started(tokenizer.encode(&prompt, false)?, start),
         Some(media) => media.expand(&prompt, &tokenizer)?,
     };
     if ids.is_empty() {

@@ -92,6 +92,11 @@ impl<'a> MediaModel<'a> {
         decoder_spec(self.plugin, &self.config)
     }
 
+    /// The token the family's processor starts every prompt with, if it names one.
+    pub(crate) fn prompt_start(&self) -> Option<u32> {
+        prompt_start(&self.config)
+    }
+
     /// Checks that a request with `images` images may be served under `policy`: the capability
     /// gate (`image`, and `multi_image` for more than one), the checkpoint's form where the
     /// manifest qualifies it apart (`forms.mlx_affine`), and the manifest's count limit.
@@ -199,6 +204,22 @@ pub(crate) fn decoder_spec(plugin: &LoadedPlugin, config: &ModelConfig) -> Resul
     plugin.decoder_spec(config).with_context(|| format!("the {} plugin's text decoder", plugin.name()))
 }
 
+/// The token `config`'s family starts every prompt with, if any
+/// ([`mlxcel_plugin_api::PROMPT_START`]).
+pub(crate) fn prompt_start(config: &ModelConfig) -> Option<u32> {
+    config.summary.special_tokens.iter().find(|t| t.role.as_str() == mlxcel_plugin_api::PROMPT_START).map(|t| t.id)
+}
+
+/// `ids` started with `start` when it does not already start with it.
+pub(crate) fn started(mut ids: Vec<u32>, start: Option<u32>) -> Vec<u32> {
+    if let Some(start) = start
+        && ids.first() != Some(&start)
+    {
+        ids.insert(0, start);
+    }
+    ids
+}
+
 /// The pixels an input image may declare before it is decoded (PIL's default
 /// `Image.MAX_IMAGE_PIXELS`): larger ones are refused as decompression bombs.
 pub(crate) const MAX_INPUT_PIXELS: u64 = 89_478_485;
@@ -258,7 +279,7 @@ impl<'a> MediaRequest<'a> {
         if layout.items.len() != self.items.len() {
             bail!("the plugin laid out {} items for {} images", layout.items.len(), self.items.len());
         }
-        let ids = tokenizer.encode(layout.text.as_str(), false)?;
+        let ids = started(tokenizer.encode(layout.text.as_str(), false)?, prompt_start(&self.config));
         let mut expected: HashMap<u32, usize> = HashMap::new();
         for item in layout.items.iter() {
             *expected.entry(item.feature_token_id).or_default() += item.feature_tokens as usize;

@@ -188,6 +188,11 @@ impl PluginIdentity {
 
 // === Config ===
 
+/// The [`SpecialToken`] role by which a family says its processor starts every prompt with
+/// that token when the rendered prompt does not already (Molmo2's processor prepends its
+/// `bos_token`); the host then does so for text-only prompts and prompts with media alike.
+pub const PROMPT_START: &str = "prompt_start";
+
 /// A special token the host needs to know by id (image pad, boi/eoi, audio markers).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq, Hash)]

@@ -309,8 +309,9 @@ impl Decoder {
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), DecoderError> {
-        match tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
-            Some(&token) => Err(DecoderError::TokenOutOfRange { token, vocab: self.config.vocab }),
+        let rows = self.config.table_rows();
+        match tokens.iter().find(|&&t| t as usize >= rows) {
+            Some(&token) => Err(DecoderError::TokenOutOfRange { token, vocab: rows }),
             None => Ok(()),
         }
     }

@@ -670,11 +670,21 @@ impl<'a> Kit<'a> {
                 ));
             }
         }
+        // The family's processor starts every prompt with its start token, outside the layout.
+        let ids = match crate::multimodal::prompt_start(&self.config) {
+            None => ids.as_slice(),
+            Some(start) if ids.first() == Some(&i64::from(start)) => &ids[1..],
+            Some(start) => {
+                return Outcome::Failed(format!(
+                    "the golden prompt does not start with the prompt start token {start}"
+                ));
+            }
+        };
         let pieces = match self.pieces() {
             Ok(p) => p,
             Err(e) => return Outcome::Failed(e),
         };
-        match match_tokens(layout.text.as_bytes(), &ids, pieces) {
+        match match_tokens(layout.text.as_bytes(), ids, pieces) {
             Ok(()) => Outcome::Passed { max_abs_diff: 0.0, tolerance: 0.0, detail: format!("{} tokens", ids.len()) },
             Err(why) => Outcome::Failed(why),
         }

@@ -516,7 +516,10 @@ fn prepare(
         .render(messages, true)
         .map_err(|e| ApiError::invalid("template_error", format!("the chat template refused the messages: {e}")))?;
     let (ids, media) = match (images.is_empty(), state.media) {
-        (true, _) => (text.tokenizer.encode(&prompt, false).map_err(|e| ApiError::internal(e.to_string()))?, None),
+        (true, media) => {
+            let ids = text.tokenizer.encode(&prompt, false).map_err(|e| ApiError::internal(e.to_string()))?;
+            (crate::multimodal::started(ids, media.and_then(|m| m.prompt_start())), None)
+        }
         (false, None) => return Err(ApiError::invalid("model_not_multimodal", "this model takes no images")),
         (false, Some(media)) => {
             let request = media.request(images, state.max_input_pixels).map_err(media_error)?;

@@ -12,7 +12,7 @@ use serde::Deserialize;
 pub use mlxcel_emit::RmsStyle;
 
 use crate::presets;
-use crate::spec::{AttnScale, DecoderSpec, EmbedScale, NormPlacement, QkvBias};
+use crate::spec::{AttnScale, DecoderSpec, EmbedScale, NormPlacement, QkvBias, WeightLayout};
 
 /// The attention a layer does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -128,6 +128,8 @@ struct RawConfig {
     final_logit_softcapping: Option<f64>,
     #[serde(default)]
     use_bidirectional_attention: bool,
+    /// Rows of the token table beyond `vocab_size` (Molmo's `additional_vocab_size`).
+    additional_vocab_size: Option<usize>,
 }
 
 /// Multimodal rotary embedding (Qwen2-VL family): three position streams
@@ -173,7 +175,11 @@ pub struct TextConfig {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub rms_eps: f64,
+    /// Logits per row: the LM head's rows.
     pub vocab: usize,
+    /// Token-table rows beyond `vocab`, held in a table of their own (the Molmo layout's
+    /// `additional_vocab_size`): embeddings of tokens the head never predicts.
+    pub extra_vocab: usize,
     pub tied_embeddings: bool,
     pub qkv_bias: bool,
     /// Per-head RMSNorm on q and k before RoPE.
@@ -299,6 +305,19 @@ impl TextConfig {
         // A sparse config (a VLM's text_config on the Hub) leaves fields to the config class's
         // defaults, which the spec carries; an explicit null stays null, as in transformers.
         if let Some(fields) = value.as_object_mut() {
+            for (alias, field) in &preset.config_aliases {
+                let Some(v) = fields.remove(alias) else { continue };
+                match fields.get(field) {
+                    Some(given) if *given != v => {
+                        return Err(invalid(format!(
+                            "`{alias}` ({v}) and `{field}` ({given}) are the same field and disagree"
+                        )));
+                    }
+                    _ => {
+                        fields.insert(field.clone(), v);
+                    }
+                }
+            }
             for (key, default) in &preset.config_defaults {
                 fields.entry(key.clone()).or_insert_with(|| default.clone());
             }
@@ -444,6 +463,24 @@ impl TextConfig {
             (AttnScale::InverseSqrtHeadDim, _) => (head_dim as f64).powf(-0.5),
         };
         let sandwich_norms = preset.norms.placement == NormPlacement::Sandwich;
+        let tied_embeddings = raw.tie_word_embeddings.unwrap_or(preset.head.tied_by_default);
+        let extra_vocab = match (preset.weights, raw.additional_vocab_size) {
+            (WeightLayout::Molmo, Some(n)) => n,
+            (WeightLayout::Molmo, None) => {
+                return Err(invalid(format!("{} needs additional_vocab_size", preset.name)));
+            }
+            (WeightLayout::Transformers, None | Some(0)) => 0,
+            (WeightLayout::Transformers, Some(n)) => {
+                return Err(invalid(format!(
+                    "additional_vocab_size = {n} is not implemented for {} (its token table has no second part)",
+                    preset.name
+                )));
+            }
+        };
+        if preset.weights == WeightLayout::Molmo && tied_embeddings {
+            // The tied head would be the stacked table, predicting the additional rows too.
+            return Err(invalid(format!("tie_word_embeddings is not implemented for {}", preset.name)));
+        }
         Ok(TextConfig {
             hidden: raw.hidden_size,
             intermediate: raw.intermediate_size,
@@ -453,7 +490,8 @@ impl TextConfig {
             head_dim,
             rms_eps: raw.rms_norm_eps,
             vocab: raw.vocab_size,
-            tied_embeddings: raw.tie_word_embeddings.unwrap_or(preset.head.tied_by_default),
+            extra_vocab,
+            tied_embeddings,
             qkv_bias: attention.qkv_bias == QkvBias::Always || raw.attention_bias,
             qk_norm: attention.qk_norm,
             sandwich_norms,
@@ -474,6 +512,12 @@ impl TextConfig {
             quantization,
             spec: preset,
         })
+    }
+
+    /// Rows of the token table: the head's vocabulary plus the extra rows; a token id at or
+    /// past this has no embedding.
+    pub fn table_rows(&self) -> usize {
+        self.vocab + self.extra_vocab
     }
 
     /// The attention kinds in use, in mask order.

@@ -24,9 +24,10 @@
 
 use std::cell::RefCell;
 
-use mlxcel_emit::{AffineWeight, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
+use mlxcel_emit::{AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
 
 use crate::config::{Activation, LayerKind, TextConfig};
+use crate::spec::WeightLayout;
 use crate::weights::{DecoderWeights, Index, LayerTensor, Linear, Tensor, WeightsError, check_affine, dense_problems};
 
 /// Why a bundle cannot be emitted for a checkpoint.
@@ -183,12 +184,23 @@ enum LoadedLin {
     Affine(AffineWeight),
 }
 
+/// The q, k and v projections: three matrices, or one holding their rows in that order.
+#[allow(clippy::large_enum_variant)] // one per layer, built once: boxing buys nothing
+enum Qkv {
+    Separate { q: Lin, k: Lin, v: Lin, bias: Option<[Global; 3]> },
+    Fused { qkv: Lin, bias: Option<Global> },
+}
+
+/// The gated MLP's input projections: two matrices, or one holding the up rows then the
+/// gate rows.
+enum GateUp {
+    Separate { gate: Lin, up: Lin },
+    Fused(Lin),
+}
+
 struct Layer {
     ln1: Global,
-    q: Lin,
-    k: Lin,
-    v: Lin,
-    qkv_bias: Option<[Global; 3]>,
+    qkv: Qkv,
     qk_norm: Option<[Global; 2]>,
     o: Lin,
     /// Gemma's norm on the attention output, before the residual add.
@@ -197,14 +209,15 @@ struct Layer {
     ln2: Global,
     /// Gemma's norm on the MLP output, before the residual add.
     post_mlp: Option<Global>,
-    gate: Lin,
-    up: Lin,
+    gate_up: GateUp,
     down: Lin,
 }
 
 struct Weights {
     /// The embedding table `[vocab, hidden]`: dense, or quantized like a linear's weight.
     embed: Lin,
+    /// The table's extra rows `[extra_vocab, hidden]`, stored apart (dense).
+    embed_extra: Option<Global>,
     layers: Vec<Layer>,
     norm: Global,
     lm_head: Lin,
@@ -301,31 +314,48 @@ pub fn emit_bundle(
     let (h, d) = (cfg.hidden, cfg.head_dim);
     let key = |t: Tensor| names.key(t).expect("invariant: every tensor but an absent head has a key");
     let embed = lin(&mut m, key(Tensor::Embed), cfg.vocab, h);
+    let embed_extra = (cfg.extra_vocab > 0).then(|| p(&mut m, key(Tensor::EmbedExtra), &[cfg.extra_vocab, h]));
+    let fused = names.layout == WeightLayout::Molmo;
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
         use LayerTensor as L;
         let n = |m: &mut Module, t: LayerTensor, shape: &[usize]| p(m, key(Tensor::Layer(i, t)), shape);
         let l =
             |m: &mut Module, t: LayerTensor, out: usize, inputs: usize| lin(m, key(Tensor::Layer(i, t)), out, inputs);
+        let ln1 = n(&mut m, L::AttnInNorm, &[h]);
+        let rows = (cfg.heads + 2 * cfg.kv_heads) * d;
+        let qkv = if fused {
+            Qkv::Fused { qkv: l(&mut m, L::Qkv, rows, h), bias: cfg.qkv_bias.then(|| n(&mut m, L::QkvBias, &[rows])) }
+        } else {
+            Qkv::Separate {
+                q: l(&mut m, L::Q, cfg.heads * d, h),
+                k: l(&mut m, L::K, cfg.kv_heads * d, h),
+                v: l(&mut m, L::V, cfg.kv_heads * d, h),
+                bias: cfg.qkv_bias.then(|| {
+                    [
+                        n(&mut m, L::QBias, &[cfg.heads * d]),
+                        n(&mut m, L::KBias, &[cfg.kv_heads * d]),
+                        n(&mut m, L::VBias, &[cfg.kv_heads * d]),
+                    ]
+                }),
+            }
+        };
         layers.push(Layer {
-            ln1: n(&mut m, L::AttnInNorm, &[h]),
-            q: l(&mut m, L::Q, cfg.heads * d, h),
-            k: l(&mut m, L::K, cfg.kv_heads * d, h),
-            v: l(&mut m, L::V, cfg.kv_heads * d, h),
-            qkv_bias: cfg.qkv_bias.then(|| {
-                [
-                    n(&mut m, L::QBias, &[cfg.heads * d]),
-                    n(&mut m, L::KBias, &[cfg.kv_heads * d]),
-                    n(&mut m, L::VBias, &[cfg.kv_heads * d]),
-                ]
-            }),
+            ln1,
+            qkv,
             qk_norm: cfg.qk_norm.then(|| [n(&mut m, L::QNorm, &[d]), n(&mut m, L::KNorm, &[d])]),
             o: l(&mut m, L::O, h, cfg.heads * d),
             post_attn: cfg.sandwich_norms.then(|| n(&mut m, L::AttnOutNorm, &[h])),
             ln2: n(&mut m, L::MlpInNorm, &[h]),
             post_mlp: cfg.sandwich_norms.then(|| n(&mut m, L::MlpOutNorm, &[h])),
-            gate: l(&mut m, L::Gate, cfg.intermediate, h),
-            up: l(&mut m, L::Up, cfg.intermediate, h),
+            gate_up: if fused {
+                GateUp::Fused(l(&mut m, L::UpGate, 2 * cfg.intermediate, h))
+            } else {
+                GateUp::Separate {
+                    gate: l(&mut m, L::Gate, cfg.intermediate, h),
+                    up: l(&mut m, L::Up, cfg.intermediate, h),
+                }
+            },
             down: l(&mut m, L::Down, h, cfg.intermediate),
         });
     }
@@ -337,7 +367,7 @@ pub fn emit_bundle(
     let kv = KvLayout::of(cfg, contract.activations);
     let cache_ty = Type::new(kv.elem, &kv.global(shape));
     let cache = m.state("kv", cache_ty, 0.0);
-    let e = Emitter { cfg, shape, c: contract, w: Weights { embed, layers, norm, lm_head }, cache };
+    let e = Emitter { cfg, shape, c: contract, w: Weights { embed, embed_extra, layers, norm, lm_head }, cache };
 
     let (t, cap, s) = (shape.chunk, shape.rows(), shape.slots);
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
@@ -423,6 +453,29 @@ impl Emitter<'_> {
     /// rows are gathered packed, with their scales and biases, and dequantized as a linear's
     /// weight is.
     fn rows(&self, f: &mut Func, tokens: &Value) -> Value {
+        let Some(extra) = &self.w.embed_extra else { return self.base_rows(f, tokens) };
+        // Two gathers, each with its indices clamped into its own table, and a select: the
+        // stacked table is never materialised.
+        let (vocab, rows) = (self.cfg.vocab, self.cfg.extra_vocab);
+        let ty = tokens.ty().clone();
+        let at = |f: &mut Func, v: usize| f.splat(&ty, v as f64);
+        let (zero, last, v) = (at(f, 0), at(f, vocab - 1), at(f, vocab));
+        let base_ids = f.min(tokens, &last);
+        let base = self.base_rows(f, &base_ids);
+        let shifted = f.sub(tokens, &v);
+        let extra_last = at(f, rows - 1);
+        let extra_ids = f.max(&shifted, &zero);
+        let extra_ids = f.min(&extra_ids, &extra_last);
+        let table = f.load(extra);
+        let extra_rows = f.gather_rows(&table, &extra_ids);
+        let extra_rows = f.convert(&extra_rows, self.c.activations);
+        let is_base = f.compare(Compare::Lt, tokens, &v);
+        let is_base = f.broadcast(&is_base, base.shape(), &[0]);
+        f.select(&is_base, &base, &extra_rows)
+    }
+
+    /// Rows of the table the head shares (or the whole table when nothing is stored apart).
+    fn base_rows(&self, f: &mut Func, tokens: &Value) -> Value {
         match self.w.embed.load(f) {
             LoadedLin::Dense(table) => {
                 let rows = f.gather_rows(&table, tokens);
@@ -605,17 +658,29 @@ impl Emitter<'_> {
         let ln1 = f.load(&w.ln1);
         let style = cfg.norm_style;
         let hx = c.rms_norm(f, x, &ln1, cfg.rms_eps, style);
-        let bias = |f: &mut Func, i: usize| w.qkv_bias.as_ref().map(|bs| f.load(&bs[i]));
-        let proj = |f: &mut Func, w: &Lin, bi: Option<Value>, heads: usize| {
-            let y = self.linear(f, &hx, w, bi.as_ref());
-            f.reshape(&y, &[b, t, heads, d])
+        let (mut q, mut k, v) = match &w.qkv {
+            Qkv::Separate { q, k, v, bias } => {
+                let bias = |f: &mut Func, i: usize| bias.as_ref().map(|bs| f.load(&bs[i]));
+                let proj = |f: &mut Func, w: &Lin, bi: Option<Value>, heads: usize| {
+                    let y = self.linear(f, &hx, w, bi.as_ref());
+                    f.reshape(&y, &[b, t, heads, d])
+                };
+                let bq = bias(f, 0);
+                let q = proj(f, q, bq, nh);
+                let bk = bias(f, 1);
+                let k = proj(f, k, bk, kvh);
+                let bv = bias(f, 2);
+                (q, k, proj(f, v, bv, kvh))
+            }
+            Qkv::Fused { qkv, bias } => {
+                let bias = bias.as_ref().map(|g| f.load(g));
+                let y = self.linear(f, &hx, qkv, bias.as_ref());
+                let y = f.reshape(&y, &[b, t, nh + 2 * kvh, d]);
+                let part =
+                    |f: &mut Func, from: usize, heads: usize| f.slice(&y, &[0, 0, from, 0], &[b, t, from + heads, d]);
+                (part(f, 0, nh), part(f, nh, kvh), part(f, nh + kvh, kvh))
+            }
         };
-        let bq = bias(f, 0);
-        let mut q = proj(f, &w.q, bq, nh);
-        let bk = bias(f, 1);
-        let mut k = proj(f, &w.k, bk, kvh);
-        let bv = bias(f, 2);
-        let v = proj(f, &w.v, bv, kvh);
         if let Some([qn, kn]) = &w.qk_norm {
             let qn = f.load(qn);
             q = c.rms_norm(f, &q, &qn, cfg.rms_eps, style);
@@ -686,8 +751,15 @@ impl Emitter<'_> {
 
         let ln2 = f.load(&w.ln2);
         let hx = c.rms_norm(f, &x, &ln2, cfg.rms_eps, style);
-        let gate = self.linear(f, &hx, &w.gate, None);
-        let up = self.linear(f, &hx, &w.up, None);
+        let (gate, up) = match &w.gate_up {
+            GateUp::Separate { gate, up } => (self.linear(f, &hx, gate, None), self.linear(f, &hx, up, None)),
+            GateUp::Fused(both) => {
+                let y = self.linear(f, &hx, both, None);
+                let i = cfg.intermediate;
+                let up = f.slice(&y, &[0, 0, 0], &[b, t, i]);
+                (f.slice(&y, &[0, 0, i], &[b, t, 2 * i]), up)
+            }
+        };
         let act = match cfg.activation {
             Activation::Silu => c.silu(f, &gate),
             Activation::GeluTanh => c.gelu_tanh(f, &gate),

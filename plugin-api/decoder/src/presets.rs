@@ -5,7 +5,7 @@
 
 use crate::spec::{
     Attention, AttentionKind, AttnScale, DecoderSpec, EmbedScale, Embedding, Head, Mlp, NormPlacement, Norms, QkvBias,
-    RmsStyle, SPEC_SCHEMA,
+    RmsStyle, SPEC_SCHEMA, WeightLayout,
 };
 
 fn types(names: &[&str]) -> Vec<String> {
@@ -47,6 +47,8 @@ pub fn llama() -> DecoderSpec {
             "tie_word_embeddings": false, "attention_bias": false,
         })),
         injected_layers: 0,
+        weights: WeightLayout::Transformers,
+        config_aliases: Default::default(),
     }
 }
 
@@ -115,6 +117,8 @@ pub fn gemma3_text() -> DecoderSpec {
             "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
         })),
         injected_layers: 0,
+        weights: WeightLayout::Transformers,
+        config_aliases: Default::default(),
     }
 }
 

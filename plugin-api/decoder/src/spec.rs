@@ -47,6 +47,41 @@ pub struct DecoderSpec {
     /// A family that injects says how many from its own config.
     #[serde(default)]
     pub injected_layers: usize,
+    /// How the checkpoint lays the decoder's tensors out; transformers' layout when absent.
+    /// Left out of the JSON when it is the default, so a spec without it reads the same on
+    /// hosts that predate it, and one with it is refused there as an unknown field.
+    #[serde(default, skip_serializing_if = "WeightLayout::is_default")]
+    pub weights: WeightLayout,
+    /// Config fields the config class also reads under another name (transformers'
+    /// `attribute_map`, for example `qkv_bias` for `attention_bias`): `alias -> field`. A
+    /// config giving only the alias is read as if it gave the field; giving both with
+    /// different values is refused as ambiguous.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub config_aliases: std::collections::BTreeMap<String, String>,
+}
+
+/// Where a checkpoint keeps a decoder's tensors, and in which pieces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightLayout {
+    /// transformers' layout: `embed_tokens`, `layers.N.self_attn.{q,k,v,o}_proj`,
+    /// `layers.N.mlp.{gate,up,down}_proj`, `norm`, `lm_head`.
+    #[default]
+    Transformers,
+    /// The original Molmo (OLMo) layout, which transformers' Molmo2 converts on load and
+    /// writes back on save: `wte.embedding` with the config's `additional_vocab_size` rows in
+    /// `wte.new_embedding` (the token table is the two stacked), `blocks.N.attn_norm`, one fused
+    /// `self_attn.att_proj` holding the q, k and v rows in that order, `self_attn.attn_out`,
+    /// `ff_norm`, one fused `mlp.ff_proj` holding the up rows then the gate rows, `mlp.ff_out`,
+    /// `ln_f`, and an untied `lm_head` over the base vocabulary. The fused projections are
+    /// computed as one matmul each and split after it.
+    Molmo,
+}
+
+impl WeightLayout {
+    fn is_default(&self) -> bool {
+        *self == WeightLayout::Transformers
+    }
 }
 
 /// The token embedding block.

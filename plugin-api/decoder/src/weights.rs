@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 
 use mlxcel_emit::Elem;
 
+use crate::spec::WeightLayout;
+
 /// What the resolver knows of one checkpoint tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -30,6 +32,10 @@ pub type Index = BTreeMap<String, TensorInfo>;
 /// norm and its first layer (a text checkpoint's `model.`, transformers 5's
 /// `model.language_model.`, the older `language_model.model.`, a bare export's none).
 const TEXT_ANCHORS: [&str; 3] = ["embed_tokens.weight", "norm.weight", "layers.0.input_layernorm.weight"];
+
+/// The same anchors in the Molmo layout ([`WeightLayout::Molmo`]): `model.transformer.` in
+/// its checkpoints.
+const MOLMO_ANCHORS: [&str; 3] = ["wte.embedding", "ln_f.weight", "blocks.0.attn_norm.weight"];
 
 /// The separator of a logical parameter name, `<label>/<path>`: the tensor `path` below the
 /// root of the checkpoint module labelled `label` (`vision_tower/encoder.layers.0.mlp.fc1.weight`).
@@ -304,6 +310,8 @@ pub enum WeightsError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tensor {
     Embed,
+    /// The token table's extra rows, stored apart (the Molmo layout's `new_embedding`).
+    EmbedExtra,
     /// The final norm.
     Norm,
     /// The untied LM head.
@@ -334,15 +342,36 @@ pub enum LayerTensor {
     Gate,
     Up,
     Down,
+    /// The fused projection holding the q, k and v rows, in that order (Molmo layout).
+    Qkv,
+    /// Its bias.
+    QkvBias,
+    /// The fused projection holding the up rows, then the gate rows (Molmo layout).
+    UpGate,
 }
 
 impl LayerTensor {
-    /// The tensor's name under a layer, as transformers lays a layer out. The norm before the
-    /// MLP is `post_attention_layernorm` in a pre-norm layer and `pre_feedforward_layernorm`
-    /// in a sandwich one, where `post_attention_layernorm` is the norm on attention's output.
-    fn name(self, sandwich: bool) -> &'static str {
+    /// The tensor's name under a layer in `layout`, `None` for a tensor the layout does not
+    /// have. As transformers lays a layer out, the norm before the MLP is
+    /// `post_attention_layernorm` in a pre-norm layer and `pre_feedforward_layernorm` in a
+    /// sandwich one, where `post_attention_layernorm` is the norm on attention's output.
+    fn name(self, layout: WeightLayout, sandwich: bool) -> Option<&'static str> {
         use LayerTensor::*;
-        match self {
+        if layout == WeightLayout::Molmo {
+            return match self {
+                AttnInNorm => Some("attn_norm.weight"),
+                Qkv => Some("self_attn.att_proj.weight"),
+                QkvBias => Some("self_attn.att_proj.bias"),
+                QNorm => Some("self_attn.q_norm.weight"),
+                KNorm => Some("self_attn.k_norm.weight"),
+                O => Some("self_attn.attn_out.weight"),
+                MlpInNorm => Some("ff_norm.weight"),
+                UpGate => Some("mlp.ff_proj.weight"),
+                Down => Some("mlp.ff_out.weight"),
+                Q | K | V | QBias | KBias | VBias | AttnOutNorm | MlpOutNorm | Gate | Up => None,
+            };
+        }
+        Some(match self {
             AttnInNorm => "input_layernorm.weight",
             Q => "self_attn.q_proj.weight",
             K => "self_attn.k_proj.weight",
@@ -360,7 +389,8 @@ impl LayerTensor {
             Gate => "mlp.gate_proj.weight",
             Up => "mlp.up_proj.weight",
             Down => "mlp.down_proj.weight",
-        }
+            Qkv | QkvBias | UpGate => return None,
+        })
     }
 }
 
@@ -373,28 +403,44 @@ pub struct DecoderWeights {
     pub lm_head: Option<String>,
     /// The layers carry sandwich norms (which renames the norm before the MLP).
     pub sandwich: bool,
+    /// How the tensors are named and split.
+    pub layout: WeightLayout,
 }
 
 impl DecoderWeights {
     /// Finds the text model's root and its LM head in `index` for the decoder `cfg` (whether
     /// the head is the embedding table, where its norms sit).
     pub fn resolve(index: &Index, cfg: &crate::TextConfig) -> Result<Self, WeightsError> {
-        let root = resolve_root(index, "", &TEXT_ANCHORS)?;
+        let layout = cfg.spec.weights;
+        let anchors = match layout {
+            WeightLayout::Transformers => TEXT_ANCHORS,
+            WeightLayout::Molmo => MOLMO_ANCHORS,
+        };
+        let root = resolve_root(index, "", &anchors)?;
         let lm_head = match cfg.tied_embeddings {
             true => None,
             false => Some(format!("{}weight", resolve_root(index, "lm_head", &["weight"])?)),
         };
-        Ok(DecoderWeights { root, lm_head, sandwich: cfg.sandwich_norms })
+        Ok(DecoderWeights { root, lm_head, sandwich: cfg.sandwich_norms, layout })
     }
 
-    /// The checkpoint key of `tensor`; `None` for the LM head when it is the embedding table.
+    /// The checkpoint key of `tensor`; `None` for the LM head when it is the embedding table,
+    /// and for a tensor the layout does not have (the Molmo layout's separate q, k and v).
     pub fn key(&self, tensor: Tensor) -> Option<String> {
         let root = &self.root;
+        let molmo = self.layout == WeightLayout::Molmo;
         match tensor {
+            Tensor::Embed if molmo => Some(format!("{root}wte.embedding")),
             Tensor::Embed => Some(format!("{root}embed_tokens.weight")),
+            Tensor::EmbedExtra if molmo => Some(format!("{root}wte.new_embedding")),
+            Tensor::EmbedExtra => None,
+            Tensor::Norm if molmo => Some(format!("{root}ln_f.weight")),
             Tensor::Norm => Some(format!("{root}norm.weight")),
             Tensor::LmHead => self.lm_head.clone(),
-            Tensor::Layer(i, t) => Some(format!("{root}layers.{i}.{}", t.name(self.sandwich))),
+            Tensor::Layer(i, t) => {
+                let blocks = if molmo { "blocks" } else { "layers" };
+                t.name(self.layout, self.sandwich).map(|name| format!("{root}{blocks}.{i}.{name}"))
+            }
         }
     }
 
