@@ -12,6 +12,10 @@
 //! pass first when the image shrinks vertically by more than twice its horizontal shrink; a
 //! pass whose size does not change is skipped. Matching these integer steps is what makes the preprocessed tensors equal the
 //! reference's bit for bit rather than within one 8-bit level.
+//!
+//! [`Image::resize_torch_bilinear`] is the torchvision backend's counterpart for processors that
+//! resize in float and round back to 8 bits (Molmo2): torch's CPU bilinear kernel in f32, with
+//! the fused multiply-adds its x86-64 build evaluates (see the method).
 
 /// Fraction bits of the fixed-point weights (Pillow's `PRECISION_BITS`, `32 - 8 - 2`).
 const PRECISION_BITS: u32 = 22;
@@ -99,6 +103,21 @@ pub struct Normalize {
 }
 
 impl Image {
+    /// The image a request item carries, decoded (`family` names the plugin in the refusal of
+    /// an item that is not an image). A malformed image is the input's fault.
+    pub fn from_item(
+        item: &mlxcel_plugin_api::MediaItem,
+        family: &str,
+    ) -> Result<Self, mlxcel_plugin_api::PluginError> {
+        use mlxcel_plugin_api::{MediaItem, PluginError};
+        match item {
+            MediaItem::Rgb8 { width, height, pixels } => Image::from_rgb8(*width, *height, pixels.to_vec()),
+            MediaItem::EncodedImage(bytes) => Image::decode(bytes),
+            _ => return Err(PluginError::unsupported(format!("{family} preprocesses images only"))),
+        }
+        .map_err(|e| PluginError::invalid(e.to_string()))
+    }
+
     /// Wraps decoded RGB bytes, checking the size.
     pub fn from_rgb8(width: u32, height: u32, pixels: Vec<u8>) -> Result<Self, ImageError> {
         if width == 0 || height == 0 {
@@ -182,6 +201,93 @@ impl Image {
         }
         out
     }
+
+    /// Resizes to `width x height` as transformers' torchvision-backend processors do when they
+    /// resize in float (Molmo2's `resize_and_normalize_image`): torch's CPU
+    /// `F.interpolate(x.float(), mode="bilinear", align_corners=False, antialias=False)`, then
+    /// `.round()` (half to even) and `.clamp(0, 255)` back to 8 bits.
+    ///
+    /// Per axis, output index `i` samples input coordinate `max(scale * (i + 0.5) - 0.5, 0)`
+    /// with `scale = in / out` in f32 (torch's `area_pixel_compute_source_index`); its floor
+    /// (at most `in - 1`) is the first tap, the next index (clamped) the second, and the
+    /// fraction, clamped to `0..=1`, the second tap's weight. An axis whose size does not
+    /// change keeps each index with weights `1, 0`; a resize to the same size returns the image
+    /// unchanged, as torchvision does.
+    ///
+    /// The arithmetic is that of torch's channels-last kernel (`cpu_upsample_linear_channels_last`),
+    /// which torch runs for three-channel images on one thread and for any output whose height
+    /// plus width is at most 128 (the reference goldens run one thread): the four corner
+    /// weights are products of the axis weights, `w00 = h0 * w0` and so on, and the value is
+    /// `p00 * w00 + p01 * w01 + p10 * w10 + p11 * w11` with the compiler's contraction into
+    /// fused multiply-adds, `fma(p11, w11, fma(p10, w10, fma(p00, w00, p01 * w01)))`, and the
+    /// source coordinate itself `fma(scale, i + 0.5, -0.5)`. Measured against torch 2.15's
+    /// x86-64 wheel (AVX-512 kernels, the goldens' machine) the f32 values before rounding agree
+    /// bit for bit; other builds may contract differently. Torch's generic kernel, which
+    /// it picks instead with several threads for larger outputs, combines the two rows after
+    /// interpolating each (`fma(t0, h0, t1 * h1)`): about a third of its f32 values differ in
+    /// the last bit, and about one 8-bit value in 10^5 after rounding (8.5e-6 on random images).
+    pub fn resize_torch_bilinear(&self, width: u32, height: u32) -> Result<Self, ImageError> {
+        if width == 0 || height == 0 {
+            return Err(ImageError::Empty { width, height });
+        }
+        if (width, height) == (self.width, self.height) {
+            return Ok(self.clone());
+        }
+        let (w0, h0) = (self.width as usize, self.height as usize);
+        let (w1, h1) = (width as usize, height as usize);
+        let rows = torch_linear_taps(h0, h1);
+        let cols = torch_linear_taps(w0, w1);
+        let sample = |y: usize, x: usize, c: usize| f32::from(self.pixels[(y * w0 + x) * 3 + c]);
+        let mut pixels = Vec::with_capacity(w1 * h1 * 3);
+        for row in &rows {
+            for col in &cols {
+                let w00 = row.weight0 * col.weight0;
+                let w01 = row.weight0 * col.weight1;
+                let w10 = row.weight1 * col.weight0;
+                let w11 = row.weight1 * col.weight1;
+                for c in 0..3 {
+                    let p00 = sample(row.index0, col.index0, c);
+                    let p01 = sample(row.index0, col.index1, c);
+                    let p10 = sample(row.index1, col.index0, c);
+                    let p11 = sample(row.index1, col.index1, c);
+                    let v = p11.mul_add(w11, p10.mul_add(w10, p00.mul_add(w00, p01 * w01)));
+                    // In range after the clamp, so the cast only drops the (zero) fraction.
+                    pixels.push(v.round_ties_even().clamp(0.0, 255.0) as u8);
+                }
+            }
+        }
+        Ok(Self { width, height, pixels })
+    }
+}
+
+/// One output index of torch's linear interpolation along an axis: two input indices and
+/// their weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LinearTap {
+    index0: usize,
+    index1: usize,
+    weight0: f32,
+    weight1: f32,
+}
+
+/// Torch's `compute_source_index_and_lambda` (`align_corners=False`) for every output index,
+/// in f32 with the fused multiply-add of its x86-64 builds.
+fn torch_linear_taps(in_size: usize, out_size: usize) -> Vec<LinearTap> {
+    if in_size == out_size {
+        return (0..out_size).map(|i| LinearTap { index0: i, index1: i, weight0: 1.0, weight1: 0.0 }).collect();
+    }
+    // `static_cast<float>(input_size) / output_size`: both converted to f32, divided in f32.
+    let scale = in_size as f32 / out_size as f32;
+    (0..out_size)
+        .map(|i| {
+            let source = scale.mul_add(i as f32 + 0.5, -0.5);
+            let source = if source < 0.0 { 0.0 } else { source };
+            let index0 = (source.floor() as usize).min(in_size - 1);
+            let weight1 = (source - index0 as f32).clamp(0.0, 1.0);
+            let index1 = if index0 < in_size - 1 { index0 + 1 } else { index0 };
+            LinearTap { index0, index1, weight0: 1.0 - weight1, weight1 }
+        })
+        .collect()
 }
 
 /// The horizontal pass: `rows` rows of width `from` resampled to width `to`.
@@ -323,6 +429,49 @@ mod tests {
         assert_eq!(chw[0], (0.0f32 - 0.5) / 0.25);
         assert_eq!(chw[1], ((128.0f64 / 255.0) as f32 - 0.5) / 0.25);
         assert_eq!(chw[2], (1.0f32 - 0.5) / 0.25);
+    }
+
+    #[test]
+    fn torch_bilinear_matches_torch_where_unfused_arithmetic_rounds_otherwise() {
+        // torch 2.15 (x86-64, AVX-512, one thread): `F.interpolate(t.float(), size=[7, 4],
+        // mode="bilinear", align_corners=False, antialias=False).round().clamp(0, 255)` of this
+        // 4x4 image. Evaluated without the fused multiply-adds, value 12 rounds to 166.
+        let input = vec![
+            250, 244, 19, 27, 86, 145, 17, 88, 125, 253, 96, 249, 17, 48, 154, 207, 66, 19, 182, 198, 179, 19, 122, 64,
+            61, 104, 224, 93, 17, 94, 170, 242, 148, 214, 111, 15, 110, 12, 212, 120, 227, 11, 167, 149, 216, 134, 48,
+            3,
+        ];
+        let torch: [u8; 84] = [
+            250, 244, 19, 27, 86, 145, 17, 88, 125, 253, 96, 249, 167, 174, 67, 91, 79, 100, 76, 127, 144, 169, 105,
+            183, 34, 62, 144, 194, 67, 28, 170, 190, 175, 36, 120, 77, 39, 76, 189, 150, 41, 57, 176, 220, 164, 117,
+            116, 39, 65, 97, 223, 95, 32, 88, 170, 235, 153, 208, 106, 14, 93, 45, 216, 110, 152, 41, 168, 182, 192,
+            163, 70, 7, 110, 12, 212, 120, 227, 11, 167, 149, 216, 134, 48, 3,
+        ];
+        let image = Image::from_rgb8(4, 4, input).expect("image");
+        assert_eq!(image.resize_torch_bilinear(4, 7).expect("resize").pixels(), torch);
+    }
+
+    #[test]
+    fn torch_bilinear_keeps_identity_flat_images_and_refuses_empty_sizes() {
+        let image = gradient(9, 5);
+        assert_eq!(image.resize_torch_bilinear(9, 5).expect("same size"), image);
+        let flat = Image::from_rgb8(13, 7, [10u8, 200, 255].repeat(13 * 7)).expect("image");
+        for (w, h) in [(28, 14), (5, 3), (13, 20), (1, 1), (13, 2)] {
+            let out = flat.resize_torch_bilinear(w, h).expect("resize");
+            assert!(out.pixels().chunks_exact(3).all(|p| p == [10, 200, 255]), "{w}x{h}");
+        }
+        assert_eq!(image.resize_torch_bilinear(0, 4), Err(ImageError::Empty { width: 0, height: 4 }));
+    }
+
+    #[test]
+    fn torch_linear_taps_follow_the_half_pixel_rule() {
+        // 4 -> 7: scale 4/7, source max((i + 0.5) * 4/7 - 0.5, 0); the last index clamps.
+        let taps = torch_linear_taps(4, 7);
+        assert_eq!((taps[0].index0, taps[0].index1, taps[0].weight1), (0, 1, 0.0));
+        assert_eq!((taps[6].index0, taps[6].index1), (3, 3));
+        let source = (4.0f32 / 7.0).mul_add(3.5, -0.5);
+        assert_eq!((taps[3].index0, taps[3].weight1), (1, source - 1.0));
+        assert_eq!(taps[3].weight0, 1.0 - taps[3].weight1);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! reference processors, and the encoder blocks their vision towers are built from.
 //!
 //! - [`image`]: decoded RGB images (decoding is `mlxcel-media`'s, built here for PNG only),
-//!   Pillow-exact resampling, rescale and normalise (transformers' PIL backend);
+//!   Pillow-exact resampling, rescale and normalise (transformers' PIL backend), and torch's
+//!   float bilinear resize rounded back to 8 bits (the torchvision backend's, for Molmo2);
 //! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify;
 //! - [`qwen_vl`]: the Qwen-VL families' config, processor, prompt layout, M-RoPE contract and
 //!   vision-graph buckets and masks;

@@ -179,6 +179,31 @@ impl Tower<'_> {
     }
 }
 
+/// Scaled dot-product attention within each batch row: `q [b, lq, heads, d]` against `k` and
+/// `v [b, lk, heads, d]`, with an optional additive f32 `mask [b, lq, lk]`; scores scaled by
+/// `d^-0.5` after the product (as eager attention does), softmax, then `[b, lq, heads * d]`.
+/// Crops of a multi-crop tower attend within their crop, pooled queries within their group.
+pub fn attend(c: &NumericContract, f: &mut Func, q: &Value, k: &Value, v: &Value, mask: Option<&Value>) -> Value {
+    let (b, lq, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let lk = k.shape()[1];
+    // scores [b, heads, lq, lk]
+    let scores = c.matmul(f, q, k, (&[0, 2], &[0, 2]), (&[3], &[3]));
+    let scale = f.splat(scores.ty(), (d as f64).powf(-0.5));
+    let scores = f.mul(&scores, &scale);
+    let scores = match mask {
+        Some(m) => {
+            let mb = f.broadcast(m, &[b, heads, lq, lk], &[0, 2, 3]);
+            f.add(&scores, &mb)
+        }
+        None => scores,
+    };
+    let probs = c.softmax(f, &scores);
+    // out [b, heads, lq, d] -> [b, lq, heads * d]
+    let out = c.matmul(f, &probs, v, (&[0, 1], &[0, 2]), (&[3], &[1]));
+    let out = f.transpose(&out, &[0, 2, 1, 3]);
+    f.reshape(&out, &[b, lq, heads * d])
+}
+
 /// The 2-D rotary tables of the Qwen-VL towers, cos and sin `[n, head_dim]`: per row, the
 /// frequencies of its height position then those of its width position (`positions [n, 2]`,
 /// i32), each `pos * inv_freq` with torch's `1 / theta ** (arange(0, d/2, 2) / (d/2))` in f32,

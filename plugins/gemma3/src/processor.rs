@@ -22,12 +22,7 @@ pub(crate) fn preprocess(
     item: &MediaItem,
     options: &PreprocessOptions,
 ) -> Result<Preprocessed, PluginError> {
-    let image = match item {
-        MediaItem::Rgb8 { width, height, pixels } => Image::from_rgb8(*width, *height, pixels.to_vec()),
-        MediaItem::EncodedImage(bytes) => Image::decode(bytes),
-        _ => return Err(PluginError::unsupported("gemma3 preprocesses images only")),
-    }
-    .map_err(|e| PluginError::invalid(e.to_string()))?;
+    let image = Image::from_item(item, "gemma3")?;
     let p = &config.processor;
     let (height, width) = p.size;
     let area = u64::from(height) * u64::from(width);

@@ -22,12 +22,7 @@ pub(crate) fn preprocess(
     item: &MediaItem,
     options: &PreprocessOptions,
 ) -> Result<Preprocessed, PluginError> {
-    let image = match item {
-        MediaItem::Rgb8 { width, height, pixels } => Image::from_rgb8(*width, *height, pixels.to_vec()),
-        MediaItem::EncodedImage(bytes) => Image::decode(bytes),
-        _ => return Err(PluginError::unsupported("llava preprocesses images only")),
-    }
-    .map_err(|e| PluginError::invalid(e.to_string()))?;
+    let image = Image::from_item(item, "llava")?;
     let p = &config.processor;
     let side = config.vision.image_size as u32;
     let max_pixels = options.max_pixels.into_option();

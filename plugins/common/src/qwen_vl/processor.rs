@@ -29,12 +29,7 @@ pub const SEGMENT_CONTINUE: i32 = 1;
 /// One image to encoder inputs. `options.max_pixels` and `min_pixels` tighten the processor's
 /// own bounds on the resized area (they never loosen them).
 pub fn preprocess(config: &QwenVl, item: &MediaItem, options: &PreprocessOptions) -> Result<Preprocessed, PluginError> {
-    let image = match item {
-        MediaItem::Rgb8 { width, height, pixels } => Image::from_rgb8(*width, *height, pixels.to_vec()),
-        MediaItem::EncodedImage(bytes) => Image::decode(bytes),
-        _ => return Err(PluginError::unsupported("a qwen-vl processor preprocesses images only")),
-    }
-    .map_err(|e| PluginError::invalid(e.to_string()))?;
+    let image = Image::from_item(item, "a qwen-vl processor")?;
     let p = &config.processor;
     let max_pixels = options.max_pixels.into_option().map_or(p.max_pixels, |m| m.min(p.max_pixels));
     let min_pixels = options.min_pixels.into_option().map_or(p.min_pixels, |m| m.max(p.min_pixels));
