@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-2B checkpoint: the real model's dimensions, random
-weights, Hugging Face layout.
+"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B or Molmo2-4B checkpoint: the real model's dimensions,
+random weights, Hugging Face layout.
 
 Every system under comparison loads the same bytes: config.json, sharded safetensors with their index,
 tokenizer.json (a small byte-level BPE whose special tokens sit at the real Qwen-VL ids, and whose vocab is
@@ -32,6 +32,35 @@ chat template, processor_config.json and generation_config.json (greedy, eos 151
               Qwen3-VL's without its tool-calling parts: unlike Qwen2-VL's it adds no default system prompt, and
               it renders an image as <|vision_start|><|image_pad|><|vision_end|> as Qwen2-VL's does. Directory
               qwen3_vl-2b-<dtype>-L<n>-V<m>.
+  molmo2      Molmo2-4B (allenai/Molmo2-4B, the smallest public Molmo2): a Qwen3-4B decoder, 36 layers of width
+              2560 (32 heads of 128, 8 KV heads, per-head q/k RMS norms, rope_theta 5e6, intermediate 9728), its
+              embedding the 151936-row base vocabulary plus 128 additional rows (the image tokens), an untied LM
+              head over the base vocabulary; a SigLIP 2 so400m/14 ViT at 378x378 (width 1152, 16 heads of 72,
+              MLP 4304, a learned 27x27 position table); an adapter that concatenates ViT layers 24 and 18, pools
+              2x2 patches by attention (width 1152, 16 heads of 72) and projects them with a SwiGLU MLP (9728) to
+              2560. config.json in the Hub's form (allenai's remote-code config, the form transformers 5.24's
+              Molmo2Config reads as legacy: `vit_config` with image_default_input_size, image_patch_size and
+              image_num_pos; the adapter's `vit_layers`; the text config's qkv_bias, layer_norm_eps, rope_theta
+              and use_qk_norm; torch_dtype; auto_map); tensor names in the Hub's layout (model.transformer.*,
+              model.vision_backbone.*, lm_head), which transformers writes back, with the embedding split as the
+              Hub's: wte.embedding [151936, 2560] + wte.new_embedding [128, 2560] (transformers 5.24 writes two
+              halves of the fused table; rewritten after the save). --vision-blocks counts the ViT layers stored
+              and run: 25 at full depth, while vit_config declares 27, as the Hub's does (its checkpoints hold
+              resblocks 0 to 24, the deepest layer the adapter reads); a reduced tower of m blocks declares m + 2
+              and reads layers m - 1 and max(m - 7, 0), so `vit_layers` stays [-3, -9] from m = 7 on. Special
+              tokens: the Qwen ones above, and the image tokens at 151936 and up (<im_start>, <im_end>,
+              <im_patch>, <im_col>, <low_res_im_start>, <|image|>, <im_low>, <frame_start>, <frame_end>,
+              <|video|>; the config's ids are transformers' Molmo2Config defaults, taken from Molmo2-8B). The
+              processor is transformers' Molmo2Processor with its defaults, which are the released ones (378x378
+              crops, up to 8 of them with 4-patch overlap margins, 2x2 pooling, mean and std 0.5); its chat
+              template is the oracle fixture's ChatML one (gen_molmo2.CHAT_TEMPLATE: an image is <|image|> where
+              the message puts it; the processor prepends <|endoftext|> as the BOS the real template omits).
+              Directory molmo2-4b-<dtype>-L<n>-V<m>. Sources for the dimensions: Qwen3-4B's config.json
+              (decoder widths, heads, vocabulary); mlx-vlm 0.7.10's molmo2 defaults, which are Molmo2-4B's (text
+              2560 / 9728 / 36 layers, additional vocabulary 128, max_position_embeddings 36864, rope_theta 5e6
+              where Qwen3-4B's base has 1e6, the adapter's MLP 9728 into 2560, <im_low> at 151942, "HF config
+              says 27 but weights only have 25"); SigLIP 2 so400m-patch14-384's at 378 (ViT); transformers 5.24's
+              Molmo2 config defaults and legacy hooks (from Molmo2-8B: vit_layers [-3, -9] of 27, the token ids).
 
 Run with the oracle venv's python (torch, transformers 5.24):
 
@@ -40,12 +69,17 @@ Run with the oracle venv's python (torch, transformers 5.24):
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family qwen2_5_vl    # 36 text / 32 vision, bf16
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family qwen3_vl      # 28 text / 24 vision, bf16
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family qwen3_vl --dtype f32 --text-layers 2 --vision-blocks 2
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo2        # 36 text / 25 vision, bf16
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo2 --text-layers 2 --vision-blocks 2
 
 Prints the checkpoint directory (default under ~/.cache/mlxcel/bench/); an existing complete directory is
 kept unless --force. Weights: seed 1235, matrices N(0, 1/fan_in), vectors default + N(0, 0.1) (the oracle's
 scheme), drawn in f32 and then cast, so the bf16 and f32 checkpoints of one depth hold the same values up to
 rounding. The whole f32 model is held in memory while it is drawn: about 4 bytes a parameter (8.8 GB for
 Qwen2-VL-2B, 15 GB for Qwen2.5-VL-3B, 8.5 GB for Qwen3-VL-2B at full depth, whichever --dtype is stored).
+Molmo2-4B (4.85 B parameters: 19.4 GB in f32, 9.7 GB in bf16) is built in bf16 when bf16 is stored, each
+parameter drawn in f32 and rounded as it is drawn (the same values as drawing the f32 model and rounding it),
+so its bf16 build holds about 2 bytes a parameter (9.7 GB).
 """
 
 from __future__ import annotations
@@ -73,10 +107,11 @@ SPECIALS = {
 }
 VOCAB = 151936  # embedding rows of the real model (ids past the last special are padding rows)
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-# Each family's real model: the directory name's stem and its full depth (text layers, vision blocks).
-MODEL_NAME = {"qwen2_vl": "qwen2vl-2b", "qwen2_5_vl": "qwen2_5_vl-3b", "qwen3_vl": "qwen3_vl-2b"}
-FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32), "qwen3_vl": (28, 24)}
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "molmo2")
+# Each family's real model: the directory name's stem and its full depth (text layers, vision blocks; Molmo2's
+# vision blocks are the ViT layers stored and run, 25 of the 27 its config declares).
+MODEL_NAME = {"qwen2_vl": "qwen2vl-2b", "qwen2_5_vl": "qwen2_5_vl-3b", "qwen3_vl": "qwen3_vl-2b", "molmo2": "molmo2-4b"}
+FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32), "qwen3_vl": (28, 24), "molmo2": (36, 25)}
 # Qwen3-VL-2B-Instruct's DeepStack blocks (vision_config.deepstack_visual_indexes) of its 24.
 QWEN3_VL_DEEPSTACK = (5, 11, 17)
 
@@ -118,6 +153,21 @@ QWEN3_VL_CHAT_TEMPLATE = (
     "{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Molmo2's image tokens, after the Qwen vocabulary's 151936 rows, in the order of the "additional" embedding rows
+# (the oracle's tiny Molmo2 uses the same order; transformers' Molmo2Config defaults place <im_start>, <im_end>,
+# <im_patch>, <im_col>, <low_res_im_start>, <frame_start> and <frame_end> at 151936-151940, 151943, 151944).
+MOLMO2_SPECIALS = {t: VOCAB + i for i, t in enumerate(
+    ["<im_start>", "<im_end>", "<im_patch>", "<im_col>", "<low_res_im_start>", "<|image|>", "<im_low>",
+     "<frame_start>", "<frame_end>", "<|video|>"])}
+MOLMO2_ADDITIONAL_VOCAB = 128
+
+
+def molmo2_chat_template() -> str:
+    import gen_molmo2  # tools/oracle
+
+    return gen_molmo2.CHAT_TEMPLATE
+
+
 CHAT_TEMPLATES = {"qwen2_vl": CHAT_TEMPLATE, "qwen2_5_vl": CHAT_TEMPLATE, "qwen3_vl": QWEN3_VL_CHAT_TEMPLATE}
 
 
@@ -219,16 +269,69 @@ def qwen3_vl_hub_config(text_layers: int, vision_blocks: int, dtype: str) -> dic
     }
 
 
+def molmo2_vit_layers(vision_blocks: int) -> tuple[int, list[int]]:
+    """Molmo2's declared ViT depth and `vit_layers` for a tower of `vision_blocks` stored and run layers: the
+    Hub's 27 declared for 25 stored, the adapter reading the last stored layer and the one 6 below it (24 and 18,
+    [-3, -9] counted from 27); a tower shallower than 7 reads its last layer and layer 0."""
+    declared = vision_blocks + 2
+    return declared, [vision_blocks - 1 - declared, max(vision_blocks - 7, 0) - declared]
+
+
+def molmo2_hub_config(text_layers: int, vision_blocks: int, dtype: str) -> dict:
+    """Molmo2-4B's config.json in the Hub's form (allenai's remote-code config, which transformers 5.24's Molmo2Config
+    reads as legacy), at the given depth, naming the stored dtype. The field set is that of the Hub's Molmo2
+    configs as transformers' legacy hooks and other readers of them (vLLM, mlx-vlm) expect it; the dimensions are
+    Molmo2-4B's (see the module docstring)."""
+    declared, vit_layers = molmo2_vit_layers(vision_blocks)
+    return {
+        "architectures": ["Molmo2ForConditionalGeneration"], "model_type": "molmo2",
+        "auto_map": {"AutoConfig": "configuration_molmo2.Molmo2Config",
+                     "AutoModelForImageTextToText": "modeling_molmo2.Molmo2ForConditionalGeneration"},
+        "image_start_token_id": MOLMO2_SPECIALS["<im_start>"],
+        "low_res_image_start_token_id": MOLMO2_SPECIALS["<low_res_im_start>"],
+        "image_end_token_id": MOLMO2_SPECIALS["<im_end>"], "image_patch_id": MOLMO2_SPECIALS["<im_patch>"],
+        "image_col_id": MOLMO2_SPECIALS["<im_col>"], "frame_start_token_id": MOLMO2_SPECIALS["<frame_start>"],
+        "frame_end_token_id": MOLMO2_SPECIALS["<frame_end>"], "initializer_range": 0.02,
+        "tie_word_embeddings": False, "torch_dtype": {"f32": "float32", "bf16": "bfloat16"}[dtype], "use_cache": True,
+        "text_config": {
+            "model_type": "molmo2_text", "additional_vocab_size": MOLMO2_ADDITIONAL_VOCAB, "attention_dropout": 0.0,
+            "embedding_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2560,
+            "initializer_range": 0.02, "intermediate_size": 9728, "layer_norm_eps": 1e-6,
+            "max_position_embeddings": 36864, "norm_after": False, "num_attention_heads": 32,
+            "num_hidden_layers": text_layers, "num_key_value_heads": 8, "qk_norm_type": "qwen3", "qkv_bias": False,
+            "residual_dropout": 0.0, "rope_scaling": None, "rope_scaling_layers": None, "rope_theta": 5000000.0,
+            "use_cache": True, "use_qk_norm": True, "vocab_size": VOCAB,
+        },
+        "vit_config": {
+            "model_type": "molmo2", "attention_dropout": 0.0, "float32_attention": True, "head_dim": 72,
+            "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_default_input_size": [378, 378],
+            "image_num_pos": 729, "image_patch_size": 14, "initializer_range": 0.02, "intermediate_size": 4304,
+            "layer_norm_eps": 1e-6, "num_attention_heads": 16, "num_hidden_layers": declared,
+            "num_key_value_heads": 16, "residual_dropout": 0.0,
+        },
+        "adapter_config": {
+            "model_type": "molmo2", "attention_dropout": 0.0, "float32_attention": True, "head_dim": 72,
+            "hidden_act": "silu", "hidden_size": 1152, "image_feature_dropout": 0.0, "initializer_range": 0.02,
+            "intermediate_size": 9728, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "pooling_attention_mask": True, "residual_dropout": 0.0, "text_hidden_size": 2560,
+            "vit_layers": vit_layers,
+        },
+    }
+
+
 # The families whose config.json is written in the Hub's form: its maker, and the names of the transformers
 # config and model classes built from it.
 HUB_CONFIGS = {"qwen2_5_vl": (qwen2_5_vl_hub_config, "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
-               "qwen3_vl": (qwen3_vl_hub_config, "Qwen3VLConfig", "Qwen3VLForConditionalGeneration")}
+               "qwen3_vl": (qwen3_vl_hub_config, "Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+               "molmo2": (molmo2_hub_config, "Molmo2Config", "Molmo2ForConditionalGeneration")}
 
 
-def tokenizer(chat_template: str = CHAT_TEMPLATE):
+def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
     """The oracle's byte-level BPE (384 trained pieces), filler pieces up to id 151642, the specials at their
     real ids. Fillers are never produced by encoding (no merges lead to them) but decode to ` #<id in base
-    36>`, so generated ids stream as text as they would with the real vocab."""
+    36>`, so generated ids stream as text as they would with the real vocab. Molmo2's adds its image tokens
+    after the base vocabulary, names <|image|> and <|video|> (its processor reads them), and has
+    <|endoftext|> for its eos, which the processor prepends as BOS."""
     import common
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -253,15 +356,23 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE):
             raise RuntimeError(f"filler {piece} collides with a trained piece")
         vocab[piece] = i
     template = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-    spec["added_tokens"] = [dict(template, id=i, content=t) for t, i in SPECIALS.items()]
-    for t, i in SPECIALS.items():
+    specials = {**SPECIALS, **(MOLMO2_SPECIALS if family == "molmo2" else {})}
+    spec["added_tokens"] = [dict(template, id=i, content=t) for t, i in specials.items()]
+    for t, i in specials.items():
         vocab[t] = i
     tok = Tokenizer.from_str(json.dumps(spec))
-    for t, i in SPECIALS.items():
+    for t, i in specials.items():
         assert tok.token_to_id(t) == i, t
     probe = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this image.<|im_end|>\n"
+    if family == "molmo2":
+        probe = ("<|endoftext|><|im_start|>user\n<low_res_im_start><im_patch><im_col><im_end><im_start><im_patch>"
+                 "<im_end>Describe this image.<|im_end|>\n")
     assert tok.decode(tok.encode(probe).ids, skip_special_tokens=False) == probe
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    if family == "molmo2":
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                     image_token="<|image|>", video_token="<|video|>")
+    else:
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf.chat_template = chat_template
     return hf
 
@@ -270,6 +381,14 @@ def processor(tok, family: str = "qwen2_vl"):
     import transformers
     from transformers import Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
 
+    if family == "molmo2":
+        # transformers' defaults are the released Molmo2 processor's (378x378 crops, up to 8 of them with
+        # 4-patch overlap margins, 2x2 pooling for images and 3x3 for video frames, mean and std 0.5,
+        # bilinear); the image processor has only the torchvision backend.
+        from transformers import Molmo2ImageProcessor, Molmo2Processor, Molmo2VideoProcessor
+
+        return Molmo2Processor(image_processor=Molmo2ImageProcessor(), video_processor=Molmo2VideoProcessor(),
+                               tokenizer=tok, chat_template=molmo2_chat_template())
     if family == "qwen3_vl":
         # Qwen3-VL-2B-Instruct's: Qwen2-VL's image processor at patch 16 with mean and std 0.5 and its pixel
         # limits; its video processor's limits (the host serves no video; transformers saves them).
@@ -289,6 +408,58 @@ def processor(tok, family: str = "qwen2_vl"):
     return cls(image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATES[family])
 
 
+def chat_template(family: str) -> str:
+    return molmo2_chat_template() if family == "molmo2" else CHAT_TEMPLATES[family]
+
+
+def randomize_narrow(model, seed: int) -> None:
+    """common.randomize's draw for a model built in a narrower dtype: each parameter drawn in f32 exactly as
+    common.randomize draws it on the f32 model (same generator, same order, same arithmetic) and rounded once as
+    it is stored, so the values are the f32 draw's rounded, without holding the f32 model (Molmo2-4B: 19.4 GB).
+    Exact as long as every vector's default is exact in the narrow dtype (the 0 and 1 of norms and biases)."""
+    import numpy as np
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if not p.is_floating_point():
+                continue
+            if p.dim() >= 2:
+                fan_in = int(np.prod(p.shape[1:]))
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) / fan_in**0.5)
+            else:
+                p.copy_(p.float() + torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
+    model.eval()
+
+
+def molmo2_fix_embedding_split(ckpt: Path, vocab: int) -> None:
+    """transformers 5.24 saves Molmo2's fused embedding back as two halves of the table; the Hub's checkpoints (and
+    the oracle's fixtures, gen_molmo2.fix_embedding_split) split it at the base vocabulary: wte.embedding
+    [vocab, hidden] + wte.new_embedding [additional, hidden]. Rewrites the shard or shards holding them; the index
+    keeps its map and total size."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    base, extra = "model.transformer.wte.embedding", "model.transformer.wte.new_embedding"
+    index = ckpt / "model.safetensors.index.json"
+    where = (json.loads(index.read_text())["weight_map"] if index.exists()
+             else {base: "model.safetensors", extra: "model.safetensors"})
+    shards = {name: {} for name in {where[base], where[extra]}}
+    for name, tensors in shards.items():
+        with safe_open(ckpt / name, "pt") as f:
+            metadata = f.metadata()
+            for k in f.keys():
+                tensors[k] = f.get_tensor(k)
+        shards[name] = (tensors, metadata)
+    full = torch.cat([shards[where[base]][0][base], shards[where[extra]][0][extra]])
+    shards[where[base]][0][base] = full[:vocab].clone()
+    shards[where[extra]][0][extra] = full[vocab:].clone()
+    for name, (tensors, metadata) in shards.items():
+        save_file(tensors, ckpt / name, metadata=metadata)
+
+
 def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str, family: str = "qwen2_vl") -> dict:
     import common
     import torch
@@ -300,20 +471,27 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
     t = time.perf_counter()
     torch.manual_seed(common.SEED)
     hub = None
+    # Molmo2-4B in f32 would take 19.4 GB while it is drawn: its bf16 form is built in bf16 (randomize_narrow).
+    narrow = family == "molmo2" and dtype == "bf16"
+    build_dtype = torch.bfloat16 if narrow else torch.float32
     if family in HUB_CONFIGS:
         # Built from the Hub form itself (as from_pretrained reads it), so the weights fit the config.json
         # written below.
         make, config_cls, model_cls = HUB_CONFIGS[family]
         hub = make(text_layers, vision_blocks, dtype)
         # A copy: from_dict rewrites what it is given in place into transformers 5's form (the rope fields,
-        # Qwen3-VL's vision model_type).
+        # Qwen3-VL's vision model_type, Molmo2's vit_config and vit_layers, which also trims its ViT to the
+        # deepest layer the adapter reads).
         cfg = getattr(transformers, config_cls).from_dict(json.loads(json.dumps(hub)))
-        model = getattr(transformers, model_cls)._from_config(cfg, dtype=torch.float32)
+        model = getattr(transformers, model_cls)._from_config(cfg, dtype=build_dtype)
     else:
         model = Qwen2VLForConditionalGeneration._from_config(config(text_layers, vision_blocks), dtype=torch.float32)
     timings["construct_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    common.randomize(model)  # seed SEED + 1 = 1235
+    if narrow:
+        randomize_narrow(model, common.SEED + 1)
+    else:
+        common.randomize(model)  # seed SEED + 1 = 1235
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
         # The stored dtype, named as the Hub's checkpoints name it (the family plugins read their
@@ -321,7 +499,8 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
         for cfg in [model.config] + [getattr(model.config, k) for k in model.config.sub_configs]:
             cfg.dtype = "bfloat16"
     timings["fill_s"] = time.perf_counter() - t
-    assert model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr(), "not tied"
+    tied = model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr()
+    assert tied == (family != "molmo2"), f"lm_head tied: {tied}"  # the Qwen-VL 2B/3B tie it, Molmo2 does not
     eot, im_end = SPECIALS["<|endoftext|>"], SPECIALS["<|im_end|>"]
     model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot,
                                                do_sample=False)
@@ -329,15 +508,21 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
     shutil.rmtree(tmp, ignore_errors=True)
     t = time.perf_counter()
     model.save_pretrained(tmp, max_shard_size=shard)
-    processor(tokenizer(CHAT_TEMPLATES[family]), family).save_pretrained(tmp)
+    processor(tokenizer(chat_template(family), family), family).save_pretrained(tmp)
+    if family == "molmo2":
+        molmo2_fix_embedding_split(tmp, VOCAB)
+        check_molmo2_tensors(tmp, text_layers, vision_blocks)
     if hub is not None:
         (tmp / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
         check_reads_back(tmp, model.config)
     timings["save_s"] = time.perf_counter() - t
+    vision_prefixes = ("model.visual.", "visual.", "model.vision_tower.", "model.multi_modal_projector.")
     params = {
         "total": sum(p.numel() for p in model.parameters()),
-        "text": sum(p.numel() for n, p in model.named_parameters() if "language_model" in n),
-        "vision": sum(p.numel() for n, p in model.named_parameters() if ".visual." in n or n.startswith("visual")),
+        # Molmo2's untied LM head counts as text (the Qwen-VL heads are the tied embedding, counted once).
+        "text": sum(p.numel() for n, p in model.named_parameters()
+                    if "language_model" in n or n.startswith("lm_head")),
+        "vision": sum(p.numel() for n, p in model.named_parameters() if n.startswith(vision_prefixes)),
     }
     files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
     info = {
@@ -351,6 +536,32 @@ def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: st
     return info
 
 
+def check_molmo2_tensors(ckpt: Path, text_layers: int, vision_blocks: int) -> None:
+    """The written Molmo2 checkpoint holds the Hub's tensor names and shapes: the split embedding, the untied head,
+    `text_layers` decoder blocks and `vision_blocks` ViT resblocks (read from the safetensors headers)."""
+    from safetensors import safe_open
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    shapes = {}
+    for name in sorted(set(index.values())):
+        with safe_open(ckpt / name, "pt") as f:
+            shapes.update({k: f.get_slice(k).get_shape() for k in f.keys()})
+    assert set(shapes) == set(index), "the index and the shards disagree"
+    want = {"model.transformer.wte.embedding": [VOCAB, 2560],
+            "model.transformer.wte.new_embedding": [MOLMO2_ADDITIONAL_VOCAB, 2560], "lm_head.weight": [VOCAB, 2560],
+            "model.vision_backbone.image_vit.positional_embedding": [729, 1152],
+            "model.vision_backbone.image_vit.patch_embedding.weight": [1152, 588],
+            "model.vision_backbone.image_pooling_2d.wq.weight": [1152, 2304],
+            "model.vision_backbone.image_projector.w2.weight": [2560, 9728],
+            "model.transformer.blocks.0.self_attn.att_proj.weight": [6144, 2560],
+            "model.transformer.blocks.0.mlp.ff_proj.weight": [19456, 2560]}
+    for k, shape in want.items():
+        assert shapes.get(k) == shape, f"{ckpt}: {k} is {shapes.get(k)}, expected {shape}"
+    blocks = {int(k.split(".")[3]) for k in shapes if k.startswith("model.transformer.blocks.")}
+    resblocks = {int(k.split(".")[5]) for k in shapes if ".image_vit.transformer.resblocks." in k}
+    assert blocks == set(range(text_layers)) and resblocks == set(range(vision_blocks)), (blocks, resblocks)
+
+
 def check_reads_back(ckpt: Path, want) -> None:
     """transformers must read the written Hub-form config.json to the config the weights were drawn for."""
     from transformers import AutoConfig
@@ -358,7 +569,7 @@ def check_reads_back(ckpt: Path, want) -> None:
     got = AutoConfig.from_pretrained(ckpt)
     # Bookkeeping that differs between a config built in memory and one read from a directory.
     skip = {"dtype", "_name_or_path", "transformers_version", "architectures"}
-    for sub in ("text_config", "vision_config"):
+    for sub in want.sub_configs:
         a = {k: v for k, v in getattr(got, sub).to_dict().items() if k not in skip}
         b = {k: v for k, v in getattr(want, sub).to_dict().items() if k not in skip}
         if a != b:
@@ -389,14 +600,16 @@ def ensure(dtype: str = "bf16", text_layers: int | None = None, vision_blocks: i
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=FAMILIES, default="qwen2_vl",
-                    help="qwen2_vl: Qwen2-VL-2B's shape; qwen2_5_vl: Qwen2.5-VL-3B's; qwen3_vl: Qwen3-VL-2B's "
-                         "(default %(default)s)")
+                    help="qwen2_vl: Qwen2-VL-2B's shape; qwen2_5_vl: Qwen2.5-VL-3B's; qwen3_vl: Qwen3-VL-2B's; "
+                         "molmo2: Molmo2-4B's (default %(default)s)")
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--text-layers", type=int,
-                    help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl, 28 qwen3_vl)")
-    ap.add_argument("--vision-blocks", type=int, help="default: the real model's (32; 24 qwen3_vl)")
+                    help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl, 28 qwen3_vl, 36 molmo2)")
+    ap.add_argument("--vision-blocks", type=int,
+                    help="default: the real model's (32; 24 qwen3_vl; 25 molmo2, the ViT layers stored and run)")
     ap.add_argument("--out", type=Path, help="default: ~/.cache/mlxcel/bench/qwen2vl-2b-<dtype>-L<n>-V<m> "
-                                             "(qwen2_5_vl-3b-... and qwen3_vl-2b-... for the other families)")
+                                             "(qwen2_5_vl-3b-..., qwen3_vl-2b-... and molmo2-4b-... for the other "
+                                             "families)")
     ap.add_argument("--shard-size", default="2GB", help="max_shard_size for save_pretrained")
     ap.add_argument("--force", action="store_true", help="rebuild even when a complete checkpoint is there")
     args = ap.parse_args()

@@ -1,7 +1,8 @@
 """The bf16 form of the served fixtures: tests/fixtures/<name>_bf16 for the text decoders qwen3 and gemma3_text
-(qwen2's is tests/fixtures/qwen2_bf16_f32) and the vision-language qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3 and llava. llama has none:
-rounded to bf16, its weights put two tokens within 1.4e-5 of each other on the standard prompts, under the
-greedy-margin guard (common.MIN_GREEDY_MARGIN), so its greedy tokens would not be a robust golden.
+(qwen2's is tests/fixtures/qwen2_bf16_f32) and the vision-language qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3, llava and
+molmo2. llama has none: rounded to bf16, its weights put two tokens within 1.4e-5 of each other on the standard
+prompts, under the greedy-margin guard (common.MIN_GREEDY_MARGIN), so its greedy tokens would not be a robust
+golden.
 
 llava also gets an f16 form, tests/fixtures/llava_f16, made the same way with float16 (LLaVA-1.5's checkpoints on
 the Hub are float16): f16 storage, f32 compute.
@@ -11,7 +12,12 @@ rounded once to bf16 and stored so (the config says `dtype: bfloat16`), with the
 template and images. The reference loads it with `dtype=torch.float32`, which widens every stored weight exactly
 and computes in f32: bf16 storage with f32 compute, the parity reference for running a bf16 checkpoint's encoder
 and decoder without widening its weights in memory. Every golden is recomputed so, stage by stage, for the
-fixture's four standard variants (a text decoder's two prompts)."""
+fixture's four standard variants (a text decoder's two prompts).
+
+A family's own post-save step runs on the bf16 checkpoint too: Molmo2's (gen_molmo2.fix_embedding_split) puts the
+embedding back into the Hub's split, `wte.embedding` [vocab_size, hidden] + `wte.new_embedding`
+[additional_vocab_size, hidden], which transformers 5.24's save_pretrained writes as two halves of the fused
+table."""
 
 import shutil
 
@@ -21,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Auto
 
 import gen_gemma3
 import gen_llava
+import gen_molmo2
 import gen_qwen2_5_vl
 import gen_qwen2_vl
 import gen_qwen3_vl
@@ -33,9 +40,12 @@ FAMILIES = {
     "qwen3_vl": dict(encoder=gen_qwen3_vl.encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta),
     "gemma3": dict(encoder=gen_gemma3.encoder, notes=list(gen_gemma3.NOTES)),
     "llava": dict(encoder=gen_llava.encoder),
+    "molmo2": dict(encoder=gen_molmo2.encoder, notes=list(gen_molmo2.NOTES),
+                   post_save=gen_molmo2.fix_embedding_split),
 }
 # The narrow forms each vision-language fixture gets, by torch dtype and config name.
-FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "qwen3_vl": ["bfloat16"], "gemma3": ["bfloat16"], "llava": ["bfloat16", "float16"]}
+FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "qwen3_vl": ["bfloat16"], "gemma3": ["bfloat16"],
+         "llava": ["bfloat16", "float16"], "molmo2": ["bfloat16"]}
 SHORT = {"bfloat16": "bf16", "float16": "f16"}
 
 
@@ -49,8 +59,11 @@ def note(dtype: str) -> str:
 SAME_FILES = ["tokenizer.json", "tokenizer_config.json", "processor_config.json", "chat_template.jinja"]
 
 
-def same_files(base):
+def same_files(base, then=None):
+    """The post-save step: the family's own (`then`, on the written checkpoint), then the fixture's files."""
     def copy(out):
+        if then is not None:
+            then(out)
         for name in SAME_FILES:
             if (base / name).is_file():
                 shutil.copyfile(base / name, out / name)
@@ -80,7 +93,7 @@ def main() -> None:
         processor, _ = common.load_processor(base)
         media = {stem: common.load_image(base, f"inputs/{stem}.png") for stem in ("tall", "wide")}
         kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [note(dtype), f"made from tests/fixtures/{name}"],
-                      post_save=same_files(base))
+                      post_save=same_files(base, kwargs.get("post_save")))
         common.vlm_fixture(
             f"{name}_{SHORT[dtype]}", "gen_bf16.py", model, processor, media, common.standard_variants("tall", "wide"),
             check=args.check, run_dtype=torch.float32, **kwargs,

@@ -1,5 +1,5 @@
 """The Hugging Face Hub form of the served fixtures: tests/fixtures/<name>_hub for llama, qwen2, qwen3,
-gemma3_text, qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3 and llava.
+gemma3_text, qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3, llava and molmo2.
 
 The fixtures are what transformers 5.24's `save_pretrained` writes. The checkpoints users download were mostly
 written by transformers 4, and differ in form but not in meaning:
@@ -15,6 +15,30 @@ written by transformers 4, and differ in form but not in meaning:
 - the image processor flat in `preprocessor_config.json`, `processor_config.json` keeping the processor's own
   fields; the chat template in the processor's `chat_template.json` (vision-language) or in
   `tokenizer_config.json` (text).
+
+Molmo2's Hub checkpoints (allenai/Molmo2-4B, -8B) were written by allenai's remote code, not by transformers, so
+their config is the one transformers 5.24's Molmo2Config reads as legacy (its `__post_init__` hooks and
+`attribute_map`); the tensor names are already the Hub's (transformers 5.24 saves Molmo2 back to them, and the
+fixture's post-save step restores the Hub's embedding split, `wte.embedding` [vocab_size, hidden] +
+`wte.new_embedding` [additional_vocab_size, hidden]). Its Hub form changes:
+
+- the vision config under `vit_config` (model type `molmo2`), its input size, patch and position-table size as
+  `image_default_input_size`, `image_patch_size` and `image_num_pos`, beside the remote code's own fields
+  (`float32_attention`, `residual_dropout`);
+- the ViT deeper in the config than in the weights, as on the Hub: Molmo2-4B's and -8B's `vit_config` says 27
+  layers and `vit_layers` [-3, -9] (layers 24 and 18), and the checkpoints hold resblocks 0 to 24 only, the
+  ones the adapter reads (the remote code builds max(layer) + 1 of them; transformers' Molmo2Config and mlx-vlm's
+  molmo2 config say so in their workarounds, and vLLM builds the same). Here the config says one layer more
+  than the fixture's tower and the checkpoint holds the fixture's whole tower: `vit_layers` are the fixture's
+  feature layers counted from the declared depth. transformers resolves them modulo the declared depth and
+  builds max(layer) + 1 layers, so it loads every stored tensor and none is missing;
+- the adapter's feature layers as `vit_layers` (model type `molmo2`, beside `float32_attention`,
+  `pooling_attention_mask` and the dropouts), its biases (`attention_bias` true, `mlp_bias` false) left to the
+  class defaults as the Hub's config leaves them;
+- the text config's legacy names `qkv_bias` and `layer_norm_eps` (Molmo2TextConfig's `attribute_map`),
+  `rope_theta` with `rope_scaling` null, `rope_scaling_layers` null (every layer), `use_qk_norm`, the dropouts,
+  no token ids (generation_config.json has them);
+- `auto_map` naming the remote code's classes (transformers uses its own, the model type being registered).
 
 Each Hub form gets the fixture's goldens and inputs unchanged, and is checked by loading it back with
 transformers: the processor must give the goldens' prompt, `input_ids` and `pixel_values` exactly, and the model
@@ -32,7 +56,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 TEXT = ["llama", "qwen2", "qwen3", "gemma3_text"]
-VLM = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "llava"]
+VLM = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "molmo2"]
 # Where transformers 4 kept the vision towers that transformers 5 saves one level up.
 TOWER_RENAMES = {"gemma3": ("vision_tower.", "vision_tower.vision_model."),
                  "llava": ("vision_tower.", "vision_tower.vision_model.")}
@@ -85,12 +109,63 @@ def text_form(cfg: dict) -> dict:
     return cfg
 
 
+# What a Hub form adds to its fixture's provenance notes.
+NOTES = {
+    "molmo2": ["Molmo2's Hub config is allenai's remote-code form (vit_config, vit_layers, qkv_bias, layer_norm_eps, "
+               "rope_theta, auto_map); the tensor names are the fixture's, already the Hub's. As on the Hub "
+               "(Molmo2-4B/-8B: 27 ViT layers declared, resblocks 0-24 stored, vit_layers [-3, -9]), vit_config "
+               "declares one layer more than the checkpoint holds and vit_layers count from that depth; transformers "
+               "and allenai's code build max(layer) + 1 layers, every stored one"],
+}
+# How many layers Molmo2's Hub-form `vit_config` declares beyond the tower the checkpoint holds (Molmo2-4B and -8B:
+# 27 declared, 25 stored; the adapter reads up to the last stored one).
+MOLMO2_UNSTORED_VIT_LAYERS = 1
+
+
+def molmo2_hub_config(cfg: dict) -> dict:
+    """Molmo2's config.json as allenai's remote code writes it on the Hub (see the module docstring)."""
+    text, vision = dict(cfg.pop("text_config")), dict(cfg.pop("vision_config"))
+    adapter = dict(cfg.pop("adapter_config"))
+    rope = dict(text.pop("rope_parameters"))
+    assert rope.pop("rope_type", "default") == "default" and not rope.keys() - {"rope_theta"}, rope
+    layers = text["num_hidden_layers"]
+    assert text.pop("rope_scaling_layers") == list(range(layers)), "Molmo2's Hub configs scale every layer (null)"
+    assert text.pop("tie_word_embeddings") is False and not text.pop("norm_after")
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        text.pop(k, None)
+    text.update(rope_theta=rope["rope_theta"], rope_scaling=None, rope_scaling_layers=None, norm_after=False,
+                qkv_bias=text.pop("attention_bias"), layer_norm_eps=text.pop("rms_norm_eps"), use_qk_norm=True,
+                embedding_dropout=0.0, residual_dropout=0.0)
+
+    stored = vision["num_hidden_layers"]
+    declared = stored + MOLMO2_UNSTORED_VIT_LAYERS
+    assert vision.pop("attention_bias") is True and vision.pop("num_channels") == 3, vision
+    vision.update(model_type="molmo2", num_hidden_layers=declared, float32_attention=True, residual_dropout=0.0,
+                  image_default_input_size=vision.pop("image_size"), image_patch_size=vision.pop("patch_size"),
+                  image_num_pos=vision.pop("num_position_embeddings"))
+
+    # The fixture's feature layers counted from the declared depth: the same layers, negative as on the Hub
+    # (-3 and -9 of 27), and the deepest one the last the checkpoint holds.
+    feature = [layer % stored for layer in adapter.pop("vision_feature_layer")]
+    assert max(feature) == stored - 1, f"the adapter must read the tower's last layer to store it whole: {feature}"
+    assert adapter.pop("attention_bias") is True and adapter.pop("mlp_bias") is False, adapter
+    adapter.update(model_type="molmo2", vit_layers=[layer - declared for layer in feature], float32_attention=True,
+                   pooling_attention_mask=True, image_feature_dropout=0.0, residual_dropout=0.0)
+
+    cfg.update(text_config=text, vit_config=vision, adapter_config=adapter, use_cache=True,
+               auto_map={"AutoConfig": "configuration_molmo2.Molmo2Config",
+                         "AutoModelForImageTextToText": "modeling_molmo2.Molmo2ForConditionalGeneration"})
+    return cfg
+
+
 def hub_config(name: str, cfg: dict) -> dict:
     cfg = dict(cfg)
     if "dtype" in cfg:
         cfg["torch_dtype"] = cfg.pop("dtype")
     if name in TEXT:
         return text_form(cfg)
+    if name == "molmo2":
+        return molmo2_hub_config(cfg)
     text = text_form(cfg.pop("text_config"))
     if name in ("qwen2_vl", "qwen2_5_vl"):
         # Qwen2-VL-2B and Qwen2.5-VL-3B on the Hub: the text fields flat beside vision_config.
@@ -177,7 +252,7 @@ def build(name: str, out: Path) -> None:
         "the Hub form of the fixture: legacy config fields, legacy tensor names, the processor and chat template "
         "where transformers 4 saved them; goldens and inputs are the fixture's, and transformers reads this form "
         "back to them (gen_hub.py --check)"
-    ]
+    ] + NOTES.get(name, [])
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
 
 
@@ -186,11 +261,15 @@ def load_back(name: str, hub: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     worst = 0.0
     goldens = sorted((hub / "goldens").glob("*.json"))
-    if name in TEXT:
-        model = AutoModelForCausalLM.from_pretrained(hub, attn_implementation="eager", dtype=torch.float32).eval()
-    else:
-        model = AutoModelForImageTextToText.from_pretrained(hub, attn_implementation="eager",
-                                                            dtype=torch.float32).eval()
+    auto = AutoModelForCausalLM if name in TEXT else AutoModelForImageTextToText
+    model, info = auto.from_pretrained(hub, attn_implementation="eager", dtype=torch.float32,
+                                       output_loading_info=True)
+    model.eval()
+    # Every parameter from the checkpoint and every stored tensor used (Molmo2's declared-but-unstored ViT
+    # layers are not built).
+    unread = {k: sorted(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys") and v}
+    assert not unread, f"{name}_hub: {unread}"
+    if name not in TEXT:
         # The fixtures' goldens were made with the PIL image backend.
         processor, _ = common.load_processor(hub)
     for path in goldens:

@@ -8,7 +8,9 @@ vocabulary holding the image tokens. The whole image block attends bidirectional
 Stages: pixel_values [crops, patches, 588], image_token_pooling, image_grids, image_num_crops,
 mm_token_type_ids, vision_hidden (last ViT layer per crop), image_features (adapter output, the rows placed
 at <im_patch>), inputs_embeds, position_ids, attention mask (with the bidirectional image block), logits,
-16 cached greedy tokens. The image processor exists only with the torchvision backend."""
+16 cached greedy tokens. The image processor exists only with the torchvision backend. Besides the standard
+variants, the wide picture as a client would send it (common.client_formats): a JPEG, a lossy WebP and an
+EXIF-rotated JPEG."""
 
 import common
 import torch
@@ -91,8 +93,10 @@ def main() -> None:
     processor = Molmo2Processor(image_processor=image_processor, video_processor=video, tokenizer=tok,
                                 chat_template=CHAT_TEMPLATE)
     images = {k: common.synthetic_image(w, h, kind) for k, (w, h, kind) in IMAGES.items()}
+    encoded, client_variants = common.client_formats(images["wide"], "wide")
     common.vlm_fixture(
-        "molmo2", "gen_molmo2.py", model, processor, images, common.standard_variants("tall", "wide"),
+        "molmo2", "gen_molmo2.py", model, processor, {**images, **encoded},
+        common.standard_variants("tall", "wide") + client_variants,
         check=args.check, encoder=encoder, post_save=fix_embedding_split, notes=NOTES,
     )
 
