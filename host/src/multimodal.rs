@@ -38,6 +38,8 @@ pub(crate) struct MediaModel<'a> {
     /// The checkpoint's form when it is one a manifest qualifies apart (`mlx_affine`: the
     /// config records MLX's quantization); `None` for transformers' own forms.
     form: Option<&'static str>,
+    /// The token every prompt starts with, when the family's processor starts them so.
+    prompt_start: Option<u32>,
 }
 
 impl<'a> MediaModel<'a> {
@@ -60,7 +62,8 @@ impl<'a> MediaModel<'a> {
         let quantized = mlxcel_decoder::QuantConfig::from_config(&root)
             .map_err(|e| anyhow!("{}: {e}", model.join("config.json").display()))?
             .is_some();
-        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine") })
+        let prompt_start = resolve_prompt_start(&config, model)?;
+        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine"), prompt_start })
     }
 
     /// Every problem the plugin finds with the checkpoint's tensors (a module not found, a
@@ -92,9 +95,9 @@ impl<'a> MediaModel<'a> {
         decoder_spec(self.plugin, &self.config)
     }
 
-    /// The token the family's processor starts every prompt with, if it names one.
+    /// The token the family's processor starts every prompt with, if it does.
     pub(crate) fn prompt_start(&self) -> Option<u32> {
-        prompt_start(&self.config)
+        self.prompt_start
     }
 
     /// Checks that a request with `images` images may be served under `policy`: the capability
@@ -137,7 +140,7 @@ impl<'a> MediaModel<'a> {
 
     fn assemble(&self, items: Vec<Preprocessed>) -> MediaRequest<'a> {
         let metas = items.iter().map(|p| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
-        MediaRequest { plugin: self.plugin, config: self.config.clone(), items, metas }
+        MediaRequest { plugin: self.plugin, config: self.config.clone(), items, metas, prompt_start: self.prompt_start }
     }
 }
 
@@ -204,10 +207,29 @@ pub(crate) fn decoder_spec(plugin: &LoadedPlugin, config: &ModelConfig) -> Resul
     plugin.decoder_spec(config).with_context(|| format!("the {} plugin's text decoder", plugin.name()))
 }
 
-/// The token `config`'s family starts every prompt with, if any
-/// ([`mlxcel_plugin_api::PROMPT_START`]).
-pub(crate) fn prompt_start(config: &ModelConfig) -> Option<u32> {
-    config.summary.special_tokens.iter().find(|t| t.role.as_str() == mlxcel_plugin_api::PROMPT_START).map(|t| t.id)
+/// The token every prompt of the checkpoint in `model` starts with, when `config`'s family says
+/// its processor starts them so ([`mlxcel_plugin_api::PROMPT_START`]): the tokenizer's
+/// `bos_token`, or its `eos_token` when it has none, as the processor picks it. An id the
+/// plugin read from `config.json` must be that token's.
+pub(crate) fn resolve_prompt_start(config: &ModelConfig, model: &Path) -> Result<Option<u32>> {
+    let Some(declared) =
+        config.summary.special_tokens.iter().find(|t| t.role.as_str() == mlxcel_plugin_api::PROMPT_START)
+    else {
+        return Ok(None);
+    };
+    let token = mlxcel_host::text::bos_or_eos(model)?.with_context(|| {
+        format!(
+            "the family starts every prompt with the tokenizer's bos_token (or eos_token), and {} names neither",
+            model.join("tokenizer_config.json").display()
+        )
+    })?;
+    let id = mlxcel_host::text::Tokenizer::load(model)?
+        .token_id(&token)
+        .with_context(|| format!("the tokenizer has no token {token:?}, which every prompt starts with"))?;
+    if declared.id != mlxcel_plugin_api::PROMPT_START_UNKNOWN && declared.id != id {
+        bail!("config.json says prompts start with token {}, the tokenizer's {token:?} is {id}", declared.id);
+    }
+    Ok(Some(id))
 }
 
 /// `ids` started with `start` when it does not already start with it.
@@ -230,6 +252,7 @@ pub(crate) struct MediaRequest<'a> {
     config: ModelConfig,
     items: Vec<Preprocessed>,
     metas: Vec<ItemMeta>,
+    prompt_start: Option<u32>,
 }
 
 impl<'a> MediaRequest<'a> {
@@ -279,7 +302,7 @@ impl<'a> MediaRequest<'a> {
         if layout.items.len() != self.items.len() {
             bail!("the plugin laid out {} items for {} images", layout.items.len(), self.items.len());
         }
-        let ids = started(tokenizer.encode(layout.text.as_str(), false)?, prompt_start(&self.config));
+        let ids = started(tokenizer.encode(layout.text.as_str(), false)?, self.prompt_start);
         let mut expected: HashMap<u32, usize> = HashMap::new();
         for item in layout.items.iter() {
             *expected.entry(item.feature_token_id).or_default() += item.feature_tokens as usize;

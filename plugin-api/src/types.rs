@@ -188,10 +188,15 @@ impl PluginIdentity {
 
 // === Config ===
 
-/// The [`SpecialToken`] role by which a family says its processor starts every prompt with
-/// that token when the rendered prompt does not already (Molmo2's processor prepends its
-/// `bos_token`); the host then does so for text-only prompts and prompts with media alike.
+/// The [`SpecialToken`] role by which a family says its processor starts every prompt with the
+/// tokenizer's `bos_token` (its `eos_token` when it has none) when the rendered prompt does not
+/// already start with it (Molmo2's processor); the host then does so for text-only prompts
+/// and prompts with media alike. The id is the one `config.json` gives that token, which the
+/// host holds to the tokenizer's, or [`PROMPT_START_UNKNOWN`] when the config gives none.
 pub const PROMPT_START: &str = "prompt_start";
+
+/// The id of a [`PROMPT_START`] token the config does not name.
+pub const PROMPT_START_UNKNOWN: u32 = u32::MAX;
 
 /// A special token the host needs to know by id (image pad, boi/eoi, audio markers).
 #[repr(C)]

@@ -671,7 +671,11 @@ impl<'a> Kit<'a> {
             }
         }
         // The family's processor starts every prompt with its start token, outside the layout.
-        let ids = match crate::multimodal::prompt_start(&self.config) {
+        let start = match crate::multimodal::resolve_prompt_start(&self.config, self.fixture.dir()) {
+            Ok(start) => start,
+            Err(e) => return Outcome::Failed(format!("{e:#}")),
+        };
+        let ids = match start {
             None => ids.as_slice(),
             Some(start) if ids.first() == Some(&i64::from(start)) => &ids[1..],
             Some(start) => {

@@ -44,3 +44,11 @@ fn read_json(path: &Path) -> Result<serde_json::Value, TextError> {
 fn read_json_if_present(path: &Path) -> Result<Option<serde_json::Value>, TextError> {
     if path.exists() { read_json(path).map(Some) } else { Ok(None) }
 }
+
+/// The tokenizer's `bos_token`, or its `eos_token` when it has none (`tokenizer_config.json`,
+/// a string or `{"content": ...}`): the token processors that start every prompt with one pick
+/// (`bos_token or eos_token`). `None` when it names neither.
+pub fn bos_or_eos(dir: &Path) -> Result<Option<String>, TextError> {
+    let config = read_json_if_present(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
+    Ok(template::special_token(&config, "bos_token").or_else(|| template::special_token(&config, "eos_token")))
+}

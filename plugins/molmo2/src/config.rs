@@ -27,9 +27,6 @@ pub struct Molmo2Config {
     /// The dtype the checkpoint stores its weights in; the encoder reads them so.
     pub weights: WeightDtype,
     pub tokens: Tokens,
-    /// The token the processor starts every prompt with (its tokenizer's `bos_token`, or
-    /// `eos_token` when it has none: the text config's `bos_token_id`, else `eos_token_id`).
-    pub prompt_start: u32,
     /// The text decoder's width, which the projector projects to.
     pub text_hidden_size: usize,
     pub vision: VisionConfig,
@@ -207,8 +204,6 @@ struct RawAdapter {
 #[derive(Deserialize)]
 struct RawText {
     hidden_size: Option<usize>,
-    bos_token_id: Option<u32>,
-    eos_token_id: Option<Value>,
     num_hidden_layers: Option<usize>,
     qk_norm_type: Option<String>,
     norm_after: Option<bool>,
@@ -257,14 +252,7 @@ impl Molmo2Config {
         let text = raw.text_config.ok_or_else(|| invalid("config.json: no text_config"))?;
         check_text(&text)?;
         let text_hidden_size = text.hidden_size.unwrap_or(4096);
-        let eos = match &text.eos_token_id {
-            Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-            Some(Value::Array(ids)) => ids.first().and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok()),
-            _ => None,
-        };
-        let prompt_start = text.bos_token_id.or(eos).ok_or_else(|| {
-            invalid("config.json: text_config has no bos_token_id or eos_token_id; the processor starts every prompt with one")
-        })?;
+
         let adapter = parse_adapter(adapter_raw, &vision, text_hidden_size)?;
 
         let tokens = Tokens {
@@ -306,7 +294,6 @@ impl Molmo2Config {
             architecture: raw.identity.architecture(),
             weights,
             tokens,
-            prompt_start,
             text_hidden_size,
             vision,
             adapter,

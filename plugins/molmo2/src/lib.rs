@@ -67,8 +67,9 @@ impl FamilyPlugin for Molmo2 {
                 ("image_low_res_start", t.low_res_image_start),
                 ("image_end", t.image_end),
                 ("image_col", t.image_col),
-                // The host starts every prompt with it, as the processor does.
-                (mlxcel_plugin_api::PROMPT_START, config.prompt_start),
+                // The processor starts every prompt with the tokenizer's bos_token (else its
+                // eos_token), never with an id of config.json: the host finds it so.
+                (mlxcel_plugin_api::PROMPT_START, mlxcel_plugin_api::PROMPT_START_UNKNOWN),
             ],
         );
         Ok(ParsedConfig { summary, config })
