@@ -378,7 +378,11 @@ impl Decoder {
             // Rows of one block are prefilled in one call to see each other.
             if b.len() > chunk {
                 return Err(DecoderError::Extras(format!(
-                    "bidirectional block {b:?} is longer than the prefill chunk ({chunk}); use a bundle with a larger chunk"
+                    "the prompt's bidirectional block {b:?} (an image's, {} tokens) is longer than the prefill chunk \
+                     ({chunk}), and a block is prefilled in one call: run with --chunk of at least {} (the context a \
+                     multiple of it)",
+                    b.len(),
+                    b.len().next_power_of_two()
                 )));
             }
         }

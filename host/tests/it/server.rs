@@ -63,7 +63,14 @@ impl Server {
             .arg(fixture_dir(name))
             .arg("--plugins")
             .arg(plugin_dir)
-            .args(["--port", "0", "--context", "256", "--chunk", "32"])
+            .args([
+                "--port",
+                "0",
+                "--context",
+                "256",
+                "--chunk",
+                &crate::support::chunk_for(&fixture_dir(name)).to_string(),
+            ])
             .args(extra)
             .env_remove("MLXCEL_PLUGINS")
             .stdout(Stdio::piped())

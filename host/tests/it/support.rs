@@ -82,8 +82,31 @@ pub(crate) fn generate(plugin_dir: &Path, model: &Path, images: &[PathBuf], prom
         command.arg("--image").arg(image);
     }
     command.arg("--plugins").arg(plugin_dir);
-    command.args(["--capacity", "128", "--chunk", "32", "--max-tokens", "16", "--ignore-eos", "--json"]);
+    let chunk = chunk_for(model).to_string();
+    command.args(["--capacity", "128", "--chunk", &chunk, "--max-tokens", "16", "--ignore-eos", "--json"]);
     command.args(extra).env_remove("MLXCEL_PLUGINS").output().expect("the binary runs")
+}
+
+/// The prefill chunk the tests run a fixture with: 32 tokens (every fixture's long variant
+/// spans chunks), or the next power of two that holds the longest bidirectional block of its
+/// goldens' masks, since a block is prefilled within one chunk.
+pub(crate) fn chunk_for(fixture: &Path) -> usize {
+    let fixture = mlxcel_golden::Fixture::open(fixture);
+    let mut longest = 0;
+    for variant in fixture.variants().unwrap_or_default() {
+        let Ok(golden) = fixture.golden(&variant) else { continue };
+        let Some(mask) = golden.tensor("attention_mask.full_attention").ok().and_then(|t| t.to_i64()) else {
+            continue;
+        };
+        let n = (mask.len() as f64).sqrt() as usize;
+        // A row seeing a later column is inside a block reaching at least that far.
+        for row in 0..n {
+            if let Some(last) = (row + 1..n).rev().find(|&col| mask[row * n + col] != 0) {
+                longest = longest.max(last - row + 1);
+            }
+        }
+    }
+    longest.max(32).next_power_of_two()
 }
 
 pub(crate) fn ids(v: &serde_json::Value) -> Vec<u64> {
