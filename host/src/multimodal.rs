@@ -774,28 +774,108 @@ fn positions(laid: &Laid, n: usize) -> Result<Positions> {
     })
 }
 
-/// The contract's mask as the decoder's extras: causal plus square bidirectional blocks.
-fn bidirectional(contract: &PrefillProgram) -> Result<Vec<std::ops::Range<usize>>> {
+/// The contract's mask as the decoder's extras: causal plus groups of runs whose rows see each
+/// other. The allowing blocks must tile each group exactly: a run's block with itself, and one
+/// block for every ordered pair of runs of a group (the reference's "same block id" overlay,
+/// where one id may mark runs apart); any other block (a denial, a rectangle that is not a
+/// pair of whole runs, a pair missing from its group) is one the decoder cannot apply.
+fn bidirectional(contract: &PrefillProgram) -> Result<Vec<Vec<std::ops::Range<usize>>>> {
     match contract.mask.base {
         MaskBase::Causal => {}
     }
-    contract
-        .mask
-        .blocks
-        .iter()
-        .map(|b| {
-            if b.allow && b.row_start == b.col_start && b.rows == b.cols {
-                Ok(b.row_start as usize..(b.row_start + b.rows) as usize)
-            } else {
-                Err(anyhow!("the contract's mask has a block the decoder cannot apply: {b:?}"))
+    let range = |start: u32, len: u32| start as usize..(start as usize + len as usize);
+    let cannot =
+        |b: &mlxcel_plugin_api::MaskBlock| anyhow!("the contract's mask has a block the decoder cannot apply: {b:?}");
+    // The runs: every square block on the diagonal.
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for b in contract.mask.blocks.iter() {
+        if !b.allow {
+            return Err(cannot(b));
+        }
+        if b.row_start == b.col_start && b.rows == b.cols && !runs.contains(&range(b.row_start, b.rows)) {
+            runs.push(range(b.row_start, b.rows));
+        }
+    }
+    runs.sort_by_key(|r| r.start);
+    // Groups: runs joined by an off-diagonal block, union-find over run indices.
+    let mut parent: Vec<usize> = (0..runs.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            i = parent[i];
+        }
+        i
+    }
+    let mut pairs = std::collections::BTreeSet::new();
+    for b in contract.mask.blocks.iter() {
+        let (Some(r), Some(c)) = (
+            runs.iter().position(|x| *x == range(b.row_start, b.rows)),
+            runs.iter().position(|x| *x == range(b.col_start, b.cols)),
+        ) else {
+            return Err(cannot(b));
+        };
+        pairs.insert((r, c));
+        let (a, z) = (root(&mut parent, r), root(&mut parent, c));
+        parent[a] = z;
+    }
+    let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
+    for i in 0..runs.len() {
+        let r = root(&mut parent, i);
+        groups.entry(r).or_default().push(i);
+    }
+    for members in groups.values() {
+        for &r in members {
+            for &c in members {
+                if !pairs.contains(&(r, c)) {
+                    bail!(
+                        "the contract's mask joins the runs {:?} and {:?} but lets {:?} not see {:?}; the decoder \
+                         applies groups of runs that all see each other",
+                        runs[members[0]],
+                        runs[members[members.len() - 1]],
+                        runs[r],
+                        runs[c]
+                    );
+                }
             }
-        })
-        .collect()
+        }
+    }
+    Ok(groups.into_values().map(|members| members.into_iter().map(|i| runs[i].clone()).collect()).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn program(blocks: &[(u32, u32, u32, u32, bool)]) -> PrefillProgram {
+        let mut mask = mlxcel_plugin_api::AttentionMask::causal();
+        for &(row_start, rows, col_start, cols, allow) in blocks {
+            mask.blocks.push(mlxcel_plugin_api::MaskBlock { row_start, rows, col_start, cols, allow });
+        }
+        PrefillProgram {
+            text_scale: 1.0,
+            placements: Default::default(),
+            injections: Default::default(),
+            positions: mlxcel_plugin_api::Positions::sequential(40),
+            mask,
+        }
+    }
+
+    #[test]
+    fn mask_blocks_become_groups_of_runs_that_all_see_each_other() {
+        // Gemma 3: one square block per image, one group each.
+        let two = bidirectional(&program(&[(2, 4, 2, 4, true), (10, 3, 10, 3, true)])).expect("squares");
+        assert_eq!(two, vec![vec![2..6], vec![10..13]]);
+        // Molmo2: every ordered pair of two runs, one group.
+        let pairs = [(2, 4, 2, 4, true), (2, 4, 10, 3, true), (10, 3, 2, 4, true), (10, 3, 10, 3, true)];
+        assert_eq!(bidirectional(&program(&pairs)).expect("pairs"), vec![vec![2..6, 10..13]]);
+        // A pair missing from a joined group, a denial, a rectangle of no whole runs: refused.
+        let err = bidirectional(&program(&pairs[..3])).expect_err("10..13 is no run").to_string();
+        assert!(err.contains("cannot apply"), "{err}");
+        let one_way = [(2, 4, 2, 4, true), (10, 3, 10, 3, true), (2, 4, 10, 3, true)];
+        let err = bidirectional(&program(&one_way)).expect_err("one way").to_string();
+        assert!(err.contains("lets 10..13 not see 2..6"), "{err}");
+        assert!(bidirectional(&program(&[(2, 4, 2, 4, false)])).is_err(), "a denial");
+        assert!(bidirectional(&program(&[(2, 4, 2, 4, true), (2, 2, 2, 4, true)])).is_err(), "part of a run");
+    }
 
     fn plugin_error(code: ErrorCode) -> anyhow::Error {
         let error = mlxcel_plugin_api::PluginError::new(code, "what the plugin said");

@@ -49,6 +49,13 @@ NOTES = [
 ]
 
 
+# Two images with text between them: Molmo2 gives every image token one block id, so each image's tokens
+# also attend to the later image's across the text, which stays causal.
+APART = common.Variant("images_apart", "two images (wide, tall) with text between them",
+                       ["The first picture:", ("image", "wide"), " The second picture:", ("image", "tall"),
+                        common.TWO_IMAGE_PROMPT])
+
+
 def fix_embedding_split(ckpt) -> None:
     path = ckpt / "model.safetensors"
     weights = load_file(path)
@@ -96,7 +103,7 @@ def main() -> None:
     encoded, client_variants = common.client_formats(images["wide"], "wide")
     common.vlm_fixture(
         "molmo2", "gen_molmo2.py", model, processor, {**images, **encoded},
-        common.standard_variants("tall", "wide") + client_variants,
+        common.standard_variants("tall", "wide") + client_variants + [APART],
         check=args.check, encoder=encoder, post_save=fix_embedding_split, notes=NOTES,
     )
 

@@ -363,26 +363,25 @@ impl Decoder {
                 )));
             }
         }
-        let mut blocks = extras.bidirectional.clone();
-        blocks.sort_by_key(|b| b.start);
-        for (i, b) in blocks.iter().enumerate() {
+        let mut runs: Vec<Range<usize>> = extras.bidirectional.iter().flatten().cloned().collect();
+        runs.sort_by_key(|b| b.start);
+        for (i, b) in runs.iter().enumerate() {
             if b.is_empty() || b.end > n {
                 return Err(DecoderError::Extras(format!("bidirectional block {b:?} is not inside 0..{n}")));
             }
-            if i > 0 && blocks[i - 1].end > b.start {
-                return Err(DecoderError::Extras(format!(
-                    "bidirectional blocks {:?} and {b:?} overlap",
-                    blocks[i - 1]
-                )));
+            if i > 0 && runs[i - 1].end > b.start {
+                return Err(DecoderError::Extras(format!("bidirectional blocks {:?} and {b:?} overlap", runs[i - 1])));
             }
-            // Rows of one block are prefilled in one call to see each other.
-            if b.len() > chunk {
+        }
+        // Rows of one group are prefilled in one call to see each other: its whole span.
+        for span in extras.bidirectional.iter().filter_map(|g| span(g)) {
+            if span.len() > chunk {
                 return Err(DecoderError::Extras(format!(
-                    "the prompt's bidirectional block {b:?} (an image's, {} tokens) is longer than the prefill chunk \
-                     ({chunk}), and a block is prefilled in one call: run with --chunk of at least {} (the context a \
-                     multiple of it)",
-                    b.len(),
-                    b.len().next_power_of_two()
+                    "the prompt's bidirectional block {span:?} (its images', {} tokens) is longer than the prefill \
+                     chunk ({chunk}), and a block is prefilled in one call: run with --chunk of at least {} (the \
+                     context a multiple of it)",
+                    span.len(),
+                    span.len().next_power_of_two()
                 )));
             }
         }
@@ -497,9 +496,9 @@ impl Decoder {
     /// row r is the query at cache position `queries[r]` and sees the rows
     /// its layer kind allows (causal; within the window for sliding layers).
     /// Padding and idle rows see like real ones; their outputs are unused.
-    /// Rows inside one of `blocks` also see every row of their block
-    /// (a contract's bidirectional image tokens), in every layer kind.
-    fn masks(&self, queries: &[usize], blocks: &[Range<usize>]) -> Result<HostTensor, DecoderError> {
+    /// Rows inside a run of one of `groups` also see every row of every run of
+    /// their group (a contract's bidirectional image tokens), in every layer kind.
+    fn masks(&self, queries: &[usize], groups: &[Vec<Range<usize>>]) -> Result<HostTensor, DecoderError> {
         let capacity = self.options.shape.rows();
         let kinds = self.config.kinds();
         let rows = queries.len();
@@ -507,9 +506,10 @@ impl Decoder {
         for (k, &kind) in kinds.iter().enumerate() {
             for (r, &q) in queries.iter().enumerate() {
                 let row = &mut mask[(k * rows + r) * capacity..(k * rows + r + 1) * capacity];
-                let block = blocks.iter().find(|b| b.contains(&q));
+                let group = groups.iter().find(|g| g.iter().any(|b| b.contains(&q)));
                 for (kv, m) in row.iter_mut().enumerate() {
-                    if self.config.visible_with(kind, q, kv, block.is_some_and(|b| b.contains(&kv))) {
+                    let same = group.is_some_and(|g| g.iter().any(|b| b.contains(&kv)));
+                    if self.config.visible_with(kind, q, kv, same) {
                         *m = 0.0;
                     }
                 }
@@ -562,11 +562,12 @@ impl Decoder {
         let mut logits = Vec::with_capacity(if rows == Logits::All { n * vocab } else { vocab });
         self.lens[slot] = 0;
         self.deltas[slot] = next - n as i64;
-        let blocks = match input {
+        let groups = match input {
             Prefill::Embeddings(_, extras) => extras.bidirectional.as_slice(),
             Prefill::Tokens(_) => &[],
         };
-        for (start, real) in chunk_spans(n, chunk, blocks) {
+        let spans: Vec<Range<usize>> = groups.iter().filter_map(|g| span(g)).collect();
+        for (start, real) in chunk_spans(n, chunk, &spans) {
             let first = match input {
                 Prefill::Tokens(ids) => {
                     let mut part = ids[start..start + real].to_vec();
@@ -584,7 +585,7 @@ impl Decoder {
             let mut args = vec![
                 first,
                 pos,
-                self.masks(&(start..start + chunk).collect::<Vec<_>>(), blocks)?,
+                self.masks(&(start..start + chunk).collect::<Vec<_>>(), groups)?,
                 HostTensor::scalar(slot as i32),
                 HostTensor::scalar(start as i32),
             ];
@@ -692,10 +693,26 @@ fn runtime_dtype(e: Elem) -> Option<DType> {
     })
 }
 
+/// The rows from a group's first run to its last: what one prefill call must hold.
+fn span(group: &[Range<usize>]) -> Option<Range<usize>> {
+    let start = group.iter().map(|r| r.start).min()?;
+    Some(start..group.iter().map(|r| r.end).max()?)
+}
+
 /// The `(start, rows)` of each prefill call: whole chunks, except that a
-/// chunk ends early rather than split a bidirectional block (validated to
-/// fit in one chunk), so the next starts at the block.
-fn chunk_spans(n: usize, chunk: usize, blocks: &[Range<usize>]) -> Vec<(usize, usize)> {
+/// chunk ends early rather than split a bidirectional group's span (validated
+/// to fit in one chunk), so the next starts at the span. Spans that overlap
+/// (groups whose runs interleave) are kept whole together.
+fn chunk_spans(n: usize, chunk: usize, spans: &[Range<usize>]) -> Vec<(usize, usize)> {
+    let mut merged: Vec<Range<usize>> = spans.to_vec();
+    merged.sort_by_key(|s| s.start);
+    let mut blocks: Vec<Range<usize>> = Vec::with_capacity(merged.len());
+    for s in merged {
+        match blocks.last_mut() {
+            Some(last) if s.start < last.end => last.end = last.end.max(s.end),
+            _ => blocks.push(s),
+        }
+    }
     let mut spans = Vec::new();
     let mut start = 0;
     while start < n {
@@ -728,9 +745,12 @@ enum Prefill<'a> {
 /// What a prepared prompt may carry besides embeddings and positions.
 #[derive(Clone, Debug, Default)]
 pub struct Extras {
-    /// Row ranges whose rows see each other in both directions (a contract's
-    /// bidirectional image tokens). Each must lie inside one prefill chunk.
-    pub bidirectional: Vec<Range<usize>>,
+    /// Groups of row ranges (runs): every row of a group's runs sees every
+    /// other in both directions (a contract's bidirectional image tokens:
+    /// one group per image block in Gemma 3, every image token one group in
+    /// Molmo2). Runs never overlap; a group's span, first run to last, must
+    /// lie inside one prefill chunk.
+    pub bidirectional: Vec<Vec<Range<usize>>>,
     /// Per injected layer, `[n, hidden]` added to the hidden state after
     /// that layer (zeros on rows without features). Empty, or exactly the
     /// decoder's `injected_layers` tensors.

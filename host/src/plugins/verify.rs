@@ -411,8 +411,11 @@ impl<'a> Kit<'a> {
                 .map(|(m, p)| ItemMeta { modality: m.modality, grid: p.grid.clone() })
                 .collect();
             if let Ok(contract) = self.contract(golden, &metas) {
-                for block in contract.mask.blocks.iter().filter(|b| b.allow) {
-                    largest = largest.max(block.rows.max(block.cols) as usize);
+                // A block's rows and columns are prefilled in one call: from the first to the last.
+                for b in contract.mask.blocks.iter().filter(|b| b.allow) {
+                    let start = b.row_start.min(b.col_start);
+                    let end = (b.row_start + b.rows).max(b.col_start + b.cols);
+                    largest = largest.max((end - start) as usize);
                 }
             }
         }

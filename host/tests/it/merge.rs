@@ -78,8 +78,14 @@ fn logits_diff(dec: &mut Decoder, variant: &str, how: Merge) -> (f32, f32) {
     let embeds = g.tensor("inputs_embeds").expect("inputs_embeds").as_f32().expect("f32");
     let embed_diff = values.iter().zip(embeds).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     let x = HostTensor::from_slice(vec![n, hidden], &values).expect("embeddings");
-    let extras =
-        Extras { bidirectional: if how == Merge::CausalOnly { Vec::new() } else { blocks }, ..Extras::default() };
+    let extras = Extras {
+        bidirectional: if how == Merge::CausalOnly {
+            Vec::new()
+        } else {
+            blocks.into_iter().map(|b| vec![b]).collect()
+        },
+        ..Extras::default()
+    };
     let positions = Positions::OneD((0..n as i32).collect());
     dec.release(0).expect("release");
     let logits = dec.prefill_embeddings(0, &x, &positions, &extras, Logits::All).expect("prefill");

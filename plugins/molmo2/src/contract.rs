@@ -4,14 +4,15 @@
 //!   tokens (`inputs_embeds[mask] + image_features`), which `<im_col>` separates, so each item
 //!   takes the next `feature_tokens` of them in prompt order (`masked_scatter` fills them so);
 //! - mask: causal, plus bidirectional attention among every image token (`mm_token_type_ids`
-//!   is 1 on all of the processor's image tokens and the block id is 0 for all of them). One
-//!   image, or several side by side, is one square block. Images with text between them make
-//!   the reference let each image attend to the later ones across that text, which is not a
-//!   square block; such prompts are refused rather than masked otherwise;
+//!   is 1 on all of the processor's image tokens and the block id is 0 for all of them): one
+//!   allowing block for every ordered pair of runs of image tokens. Images side by side are one
+//!   run; images with text between them are several runs that still all see each other (the
+//!   text between stays causal), as the reference's one block id makes them;
 //! - positions: plain 1-D `0..n`; no text scaling.
 
 use mlxcel_plugin_api::{
-    AttentionMask, ContractRequest, PlaceMode, PluginError, Positions, PrefillProgram, ProgramPlacement, RVec, TokenSet,
+    AttentionMask, ContractRequest, MaskBlock, PlaceMode, PluginError, Positions, PrefillProgram, ProgramPlacement,
+    RVec, TokenSet,
 };
 
 use crate::config::Molmo2Config;
@@ -52,18 +53,12 @@ pub(crate) fn contract(config: &Molmo2Config, request: &ContractRequest) -> Resu
             _ => runs.push((at as u32, 1)),
         }
     }
-    let mask = match runs.as_slice() {
-        [] => AttentionMask::causal(),
-        [(start, len)] => AttentionMask::causal().with_bidirectional(*start, *len),
-        _ => {
-            return Err(PluginError::unsupported(format!(
-                "the prompt's image tokens form {} runs with text between them; molmo2 lets every image token \
-                 attend to every other across that text, which this decoder's masks cannot apply (put the images \
-                 side by side)",
-                runs.len()
-            )));
+    let mut mask = AttentionMask::causal();
+    for &(rows_at, rows) in &runs {
+        for &(cols_at, cols) in &runs {
+            mask.blocks.push(MaskBlock { row_start: rows_at, rows, col_start: cols_at, cols, allow: true });
         }
-    };
+    }
     Ok(PrefillProgram {
         text_scale: 1.0,
         placements: placements.into(),
