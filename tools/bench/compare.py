@@ -123,6 +123,11 @@ ENCODER_MODULES = {"qwen2_vl": ("visual", "visual"), "qwen2_5_vl": ("visual", "v
 # --capacity's default per family: the image request's prompt (792 rows for Molmo2's five crops of the default
 # picture) and --new tokens must fit.
 CAPACITY = {"qwen2_vl": 512, "qwen2_5_vl": 512, "qwen3_vl": 512, "molmo2": 1024}
+# --chunk's default per family: mlxcel-host prefills a bidirectional image block in one call, so the chunk must
+# hold it (Molmo2's image tokens, 785 for the default picture, are one block); the quick fixtures' blocks fit
+# QUICK_CHUNK's.
+CHUNK = {"qwen2_vl": 64, "qwen2_5_vl": 64, "qwen3_vl": 64, "molmo2": 1024}
+QUICK_CHUNK = {"qwen2_vl": 32, "qwen2_5_vl": 32, "qwen3_vl": 32, "molmo2": 64}
 HZ = os.sysconf("SC_CLK_TCK")
 
 PROMPT = "Describe this image."
@@ -707,7 +712,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="torch threads; mlxcel-host's local-task uses every core")
     ap.add_argument("--capacity", type=int, help="KV rows per slot (default 512; 1024 molmo2)")
-    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--chunk", type=int, help="prefill chunk (default 64; 1024 molmo2)")
     ap.add_argument("--driver", default="local-task")
     ap.add_argument("--cold", action="store_true", help="also time process start to first token, empty vs warm cache")
     ap.add_argument("--bf16", action="store_true",
@@ -740,6 +745,7 @@ def main() -> int:
                  f"affine form (no forms.mlx_affine), so mlxcel-host would refuse the image request on the 4-bit "
                  f"checkpoint")
     args.capacity = CAPACITY[args.family] if args.capacity is None else args.capacity
+    args.chunk = CHUNK[args.family] if args.chunk is None else args.chunk
     full_text, full_vision = gen_ckpt.FULL_DEPTH[args.family]
     args.text_layers = full_text if args.text_layers is None else args.text_layers
     args.vision_blocks = full_vision if args.vision_blocks is None else args.vision_blocks
@@ -753,7 +759,7 @@ def main() -> int:
         args.new = min(args.new, 48)
         args.reps = 1 if args.reps == 3 else args.reps
         args.capacity = 128
-        args.chunk = 32
+        args.chunk = QUICK_CHUNK[args.family]
     model = args.model or ensure_checkpoint(args.dtype, args.text_layers, args.vision_blocks, args.family)
     bench = gen_ckpt.BENCH_DIR
     if args.image is None:

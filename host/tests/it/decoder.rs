@@ -55,7 +55,7 @@ fn golden(name: &str, variant: &str) -> Golden {
             match (is_image, start) {
                 (true, None) => start = Some(i),
                 (false, Some(b)) => {
-                    extras.bidirectional.push(vec![b..i]);
+                    extras.bidirectional.push(std::iter::once(b..i).collect());
                     start = None;
                 }
                 _ => {}
