@@ -182,10 +182,14 @@ pub struct TextConfig {
     pub extra_vocab: usize,
     pub tied_embeddings: bool,
     pub qkv_bias: bool,
-    /// Per-head RMSNorm on q and k before RoPE.
+    /// RMSNorm on q and k before RoPE.
     pub qk_norm: bool,
+    /// The q/k norm runs over the whole projection, not per head (OLMo).
+    pub qk_norm_whole: bool,
     /// Norms after attention and after the MLP as well as before (Gemma).
     pub sandwich_norms: bool,
+    /// Norms after attention and after the MLP instead of before (OLMo 2's, Molmo2's `norm_after`).
+    pub post_norms: bool,
     pub norm_style: RmsStyle,
     pub activation: Activation,
     /// Embeddings are multiplied by this (Gemma: sqrt(hidden), in f32).
@@ -463,6 +467,7 @@ impl TextConfig {
             (AttnScale::InverseSqrtHeadDim, _) => (head_dim as f64).powf(-0.5),
         };
         let sandwich_norms = preset.norms.placement == NormPlacement::Sandwich;
+        let post_norms = preset.norms.placement == NormPlacement::Post;
         let tied_embeddings = raw.tie_word_embeddings.unwrap_or(preset.head.tied_by_default);
         let extra_vocab = match (preset.weights, raw.additional_vocab_size) {
             (WeightLayout::Molmo, Some(n)) => n,
@@ -494,7 +499,9 @@ impl TextConfig {
             tied_embeddings,
             qkv_bias: attention.qkv_bias == QkvBias::Always || raw.attention_bias,
             qk_norm: attention.qk_norm,
+            qk_norm_whole: attention.qk_norm && attention.qk_norm_scope == crate::spec::QkNormScope::Whole,
             sandwich_norms,
+            post_norms,
             norm_style: preset.norms.style,
             activation,
             // torch.tensor(hidden ** 0.5) is an f32 tensor.

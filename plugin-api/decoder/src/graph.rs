@@ -199,15 +199,16 @@ enum GateUp {
 }
 
 struct Layer {
-    ln1: Global,
+    /// The norm before attention; none when the norms sit after the blocks.
+    ln1: Option<Global>,
     qkv: Qkv,
     qk_norm: Option<[Global; 2]>,
     o: Lin,
-    /// Gemma's norm on the attention output, before the residual add.
+    /// The norm on the attention output, before the residual add (Gemma's sandwich, OLMo's post).
     post_attn: Option<Global>,
-    /// The norm before the MLP.
-    ln2: Global,
-    /// Gemma's norm on the MLP output, before the residual add.
+    /// The norm before the MLP; none when the norms sit after the blocks.
+    ln2: Option<Global>,
+    /// The norm on the MLP output, before the residual add.
     post_mlp: Option<Global>,
     gate_up: GateUp,
     down: Lin,
@@ -322,7 +323,7 @@ pub fn emit_bundle(
         let n = |m: &mut Module, t: LayerTensor, shape: &[usize]| p(m, key(Tensor::Layer(i, t)), shape);
         let l =
             |m: &mut Module, t: LayerTensor, out: usize, inputs: usize| lin(m, key(Tensor::Layer(i, t)), out, inputs);
-        let ln1 = n(&mut m, L::AttnInNorm, &[h]);
+        let ln1 = (!cfg.post_norms).then(|| n(&mut m, L::AttnInNorm, &[h]));
         let rows = (cfg.heads + 2 * cfg.kv_heads) * d;
         let qkv = if fused {
             Qkv::Fused { qkv: l(&mut m, L::Qkv, rows, h), bias: cfg.qkv_bias.then(|| n(&mut m, L::QkvBias, &[rows])) }
@@ -343,11 +344,14 @@ pub fn emit_bundle(
         layers.push(Layer {
             ln1,
             qkv,
-            qk_norm: cfg.qk_norm.then(|| [n(&mut m, L::QNorm, &[d]), n(&mut m, L::KNorm, &[d])]),
+            qk_norm: cfg.qk_norm.then(|| {
+                let (q, k) = if cfg.qk_norm_whole { (cfg.heads * d, cfg.kv_heads * d) } else { (d, d) };
+                [n(&mut m, L::QNorm, &[q]), n(&mut m, L::KNorm, &[k])]
+            }),
             o: l(&mut m, L::O, h, cfg.heads * d),
-            post_attn: cfg.sandwich_norms.then(|| n(&mut m, L::AttnOutNorm, &[h])),
-            ln2: n(&mut m, L::MlpInNorm, &[h]),
-            post_mlp: cfg.sandwich_norms.then(|| n(&mut m, L::MlpOutNorm, &[h])),
+            post_attn: (cfg.sandwich_norms || cfg.post_norms).then(|| n(&mut m, L::AttnOutNorm, &[h])),
+            ln2: (!cfg.post_norms).then(|| n(&mut m, L::MlpInNorm, &[h])),
+            post_mlp: (cfg.sandwich_norms || cfg.post_norms).then(|| n(&mut m, L::MlpOutNorm, &[h])),
             gate_up: if fused {
                 GateUp::Fused(l(&mut m, L::UpGate, 2 * cfg.intermediate, h))
             } else {
@@ -655,9 +659,14 @@ impl Emitter<'_> {
         let g = nh / kvh;
         let c = &self.c;
 
-        let ln1 = f.load(&w.ln1);
         let style = cfg.norm_style;
-        let hx = c.rms_norm(f, x, &ln1, cfg.rms_eps, style);
+        let hx = match &w.ln1 {
+            Some(ln1) => {
+                let ln1 = f.load(ln1);
+                c.rms_norm(f, x, &ln1, cfg.rms_eps, style)
+            }
+            None => x.clone(),
+        };
         let (mut q, mut k, v) = match &w.qkv {
             Qkv::Separate { q, k, v, bias } => {
                 let bias = |f: &mut Func, i: usize| bias.as_ref().map(|bs| f.load(&bs[i]));
@@ -682,10 +691,18 @@ impl Emitter<'_> {
             }
         };
         if let Some([qn, kn]) = &w.qk_norm {
-            let qn = f.load(qn);
-            q = c.rms_norm(f, &q, &qn, cfg.rms_eps, style);
-            let kn = f.load(kn);
-            k = c.rms_norm(f, &k, &kn, cfg.rms_eps, style);
+            // Per head, or (OLMo) over the whole projection, viewed flat and back.
+            let norm = |f: &mut Func, x: &Value, w: &Global, heads: usize| {
+                let w = f.load(w);
+                if !cfg.qk_norm_whole {
+                    return c.rms_norm(f, x, &w, cfg.rms_eps, style);
+                }
+                let flat = f.reshape(x, &[b, t, heads * d]);
+                let normed = c.rms_norm(f, &flat, &w, cfg.rms_eps, style);
+                f.reshape(&normed, &[b, t, heads, d])
+            };
+            q = norm(f, &q, qn, nh);
+            k = norm(f, &k, kn, kvh);
         }
         let q = self.rope(f, &q, cos, sin);
         let k = self.rope(f, &k, cos, sin);
@@ -749,8 +766,13 @@ impl Emitter<'_> {
         }
         let x = c.residual(f, x, &attn);
 
-        let ln2 = f.load(&w.ln2);
-        let hx = c.rms_norm(f, &x, &ln2, cfg.rms_eps, style);
+        let hx = match &w.ln2 {
+            Some(ln2) => {
+                let ln2 = f.load(ln2);
+                c.rms_norm(f, &x, &ln2, cfg.rms_eps, style)
+            }
+            None => x.clone(),
+        };
         let (gate, up) = match &w.gate_up {
             GateUp::Separate { gate, up } => (self.linear(f, &hx, gate, None), self.linear(f, &hx, up, None)),
             GateUp::Fused(both) => {

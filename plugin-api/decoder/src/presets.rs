@@ -4,8 +4,8 @@
 //! the graph already has is one function here (or a spec in its plugin).
 
 use crate::spec::{
-    Attention, AttentionKind, AttnScale, DecoderSpec, EmbedScale, Embedding, Head, Mlp, NormPlacement, Norms, QkvBias,
-    RmsStyle, SPEC_SCHEMA, WeightLayout,
+    Attention, AttentionKind, AttnScale, DecoderSpec, EmbedScale, Embedding, Head, Mlp, NormPlacement, Norms,
+    QkNormScope, QkvBias, RmsStyle, SPEC_SCHEMA, WeightLayout,
 };
 
 fn types(names: &[&str]) -> Vec<String> {
@@ -33,6 +33,7 @@ pub fn llama() -> DecoderSpec {
             kind: AttentionKind::GroupedQuery,
             qkv_bias: QkvBias::FromConfig,
             qk_norm: false,
+            qk_norm_scope: QkNormScope::PerHead,
             scale: AttnScale::InverseSqrtHeadDim,
             sliding_layers: false,
             sliding_pattern: None,
@@ -100,6 +101,7 @@ pub fn gemma3_text() -> DecoderSpec {
             kind: AttentionKind::GroupedQuery,
             qkv_bias: QkvBias::FromConfig,
             qk_norm: true,
+            qk_norm_scope: QkNormScope::PerHead,
             scale: AttnScale::InverseSqrtQueryPreAttnScalar,
             sliding_layers: true,
             sliding_pattern: Some(6),

@@ -117,6 +117,9 @@ pub enum NormPlacement {
     Pre,
     /// As `pre`, plus one on each block's output before its residual add.
     Sandwich,
+    /// Only one on each block's output before its residual add, none before
+    /// (OLMo 2's; Molmo2's `norm_after`).
+    Post,
 }
 
 /// The attention block.
@@ -125,8 +128,13 @@ pub enum NormPlacement {
 pub struct Attention {
     pub kind: AttentionKind,
     pub qkv_bias: QkvBias,
-    /// Per-head RMSNorm on q and k before the rotary embedding.
+    /// RMSNorm on q and k before the rotary embedding.
     pub qk_norm: bool,
+    /// What the q/k norm normalizes: each head (Qwen3's), or the whole
+    /// projection before it is split into heads (OLMo's). Left out of the JSON
+    /// when per head.
+    #[serde(default, skip_serializing_if = "QkNormScope::is_default")]
+    pub qk_norm_scope: QkNormScope,
     pub scale: AttnScale,
     /// Sliding-window layers (`layer_types`, `use_sliding_window`) are part
     /// of the architecture; a spec without them refuses a config that asks.
@@ -152,6 +160,23 @@ pub enum AttentionKind {
     /// M-RoPE when `mrope_section` is given); the cache holds each layer's
     /// keys and values.
     GroupedQuery,
+}
+
+/// What a q/k RMSNorm normalizes over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QkNormScope {
+    /// Each head's `head_dim` values (weights `[head_dim]`).
+    #[default]
+    PerHead,
+    /// The whole projection, `heads * head_dim` values (weights of that size).
+    Whole,
+}
+
+impl QkNormScope {
+    fn is_default(&self) -> bool {
+        *self == QkNormScope::PerHead
+    }
 }
 
 /// Whether q, k and v carry biases.

@@ -359,16 +359,17 @@ impl LayerTensor {
         use LayerTensor::*;
         if layout == WeightLayout::Molmo {
             return match self {
-                AttnInNorm => Some("attn_norm.weight"),
+                // One norm per block, before it or (`norm_after`) on its output.
+                AttnInNorm | AttnOutNorm => Some("attn_norm.weight"),
                 Qkv => Some("self_attn.att_proj.weight"),
                 QkvBias => Some("self_attn.att_proj.bias"),
                 QNorm => Some("self_attn.q_norm.weight"),
                 KNorm => Some("self_attn.k_norm.weight"),
                 O => Some("self_attn.attn_out.weight"),
-                MlpInNorm => Some("ff_norm.weight"),
+                MlpInNorm | MlpOutNorm => Some("ff_norm.weight"),
                 UpGate => Some("mlp.ff_proj.weight"),
                 Down => Some("mlp.ff_out.weight"),
-                Q | K | V | QBias | KBias | VBias | AttnOutNorm | MlpOutNorm | Gate | Up => None,
+                Q | K | V | QBias | KBias | VBias | Gate | Up => None,
             };
         }
         Some(match self {

@@ -10,7 +10,8 @@
 //!
 //! What the graphs and the contract cannot honour is refused here, naming the field: another
 //! vision activation, grouped key/value heads in the ViT or the adapter, biased projector
-//! linears, the `olmo` q/k norm, `norm_after`, a scaled rotary embedding that skips layers.
+//! linears, a q/k norm other than `qwen3` and `olmo`, a scaled rotary embedding that skips
+//! layers.
 
 use mlxcel_family_common::{Identity, WeightDtype};
 use mlxcel_plugin_api::PluginError;
@@ -29,6 +30,10 @@ pub struct Molmo2Config {
     pub tokens: Tokens,
     /// The text decoder's width, which the projector projects to.
     pub text_hidden_size: usize,
+    /// The decoder's variants: the q/k norm over the whole projection (`qk_norm_type`
+    /// `olmo`, else per head, `qwen3`), and the norms after each block (`norm_after`).
+    pub qk_norm_whole: bool,
+    pub norm_after: bool,
     pub vision: VisionConfig,
     pub adapter: AdapterConfig,
     /// The image processor's settings as given (validated by [`ImageProcessor::from_json`]).
@@ -250,7 +255,7 @@ impl Molmo2Config {
         let vision = parse_vision(vision)?;
         let adapter_raw = raw.adapter_config.ok_or_else(|| invalid("config.json: no adapter_config"))?;
         let text = raw.text_config.ok_or_else(|| invalid("config.json: no text_config"))?;
-        check_text(&text)?;
+        let (qk_norm_whole, norm_after) = text_variants(&text)?;
         let text_hidden_size = text.hidden_size.unwrap_or(4096);
 
         let adapter = parse_adapter(adapter_raw, &vision, text_hidden_size)?;
@@ -295,6 +300,8 @@ impl Molmo2Config {
             weights,
             tokens,
             text_hidden_size,
+            qk_norm_whole,
+            norm_after,
             vision,
             adapter,
             image_processor,
@@ -421,21 +428,15 @@ fn parse_adapter(a: RawAdapter, vision: &VisionConfig, text_hidden: usize) -> Re
     Ok(adapter)
 }
 
-/// The text model's variants the decoder does not build are refused here, where the field is
-/// named: the q/k norm over whole projections (`olmo`), norms after the blocks, and a scaled
-/// rotary embedding that only some layers use.
-fn check_text(t: &RawText) -> Result<(), PluginError> {
-    match t.qk_norm_type.as_deref().unwrap_or("qwen3") {
-        "qwen3" => {}
-        other => {
-            return Err(unsupported(format!(
-                "text_config.qk_norm_type `{other}` (the decoder normalizes q and k per head, `qwen3`)"
-            )));
-        }
-    }
-    if t.norm_after.unwrap_or(false) {
-        return Err(unsupported("text_config.norm_after (the decoder's norms sit before its blocks)".to_owned()));
-    }
+/// The text model's variants: which q/k norm (`qwen3` per head, `olmo` over the whole
+/// projection; anything else refused), whether the norms sit after the blocks, and a scaled
+/// rotary embedding that only some layers use, which the decoder does not build (refused).
+fn text_variants(t: &RawText) -> Result<(bool, bool), PluginError> {
+    let whole = match t.qk_norm_type.as_deref().unwrap_or("qwen3") {
+        "qwen3" => false,
+        "olmo" => true,
+        other => return Err(unsupported(format!("text_config.qk_norm_type `{other}` (qwen3 or olmo)"))),
+    };
     let rope = t.rope_parameters.as_ref().or(t.rope_scaling.as_ref());
     let kind = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(Value::as_str);
     if let (Some(layers), Some(kind)) = (&t.rope_scaling_layers, kind)
@@ -448,5 +449,5 @@ fn check_text(t: &RawText) -> Result<(), PluginError> {
             )));
         }
     }
-    Ok(())
+    Ok((whole, t.norm_after.unwrap_or(false)))
 }

@@ -25,7 +25,7 @@ mod vision;
 
 use mlxcel_family_common::Image;
 use mlxcel_plugin_api::decoder::presets;
-use mlxcel_plugin_api::decoder::spec::{DecoderSpec, WeightLayout};
+use mlxcel_plugin_api::decoder::spec::{Attention, DecoderSpec, NormPlacement, Norms, QkNormScope, WeightLayout};
 use mlxcel_plugin_api::{
     Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, ErrorCode, FamilyPlugin,
     LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram,
@@ -107,11 +107,13 @@ impl FamilyPlugin for Molmo2 {
         config.weights.dtype()
     }
 
-    /// Qwen3's blocks (per-head q/k norms, no q/k/v bias unless the config's `attention_bias`,
-    /// SwiGLU, plain RMSNorm, untied head) reading `molmo2_text` in the Molmo weight layout,
-    /// with `Molmo2TextConfig`'s defaults and its `attribute_map` (`qkv_bias`,
-    /// `layer_norm_eps`). The variants it does not build were refused with the config.
-    fn decoder_spec(_config: &Molmo2Config) -> Result<Option<DecoderSpec>, PluginError> {
+    /// Qwen3's blocks (q/k norms, no q/k/v bias unless the config's `attention_bias`, SwiGLU,
+    /// plain RMSNorm, untied head) reading `molmo2_text` in the Molmo weight layout, with
+    /// `Molmo2TextConfig`'s defaults and its `attribute_map` (`qkv_bias`, `layer_norm_eps`);
+    /// the q/k norm over the whole projection for `qk_norm_type` `olmo` (Molmo2-O, OLMo-based),
+    /// and the norms after the blocks for `norm_after`. The variants it does not build were
+    /// refused with the config.
+    fn decoder_spec(config: &Molmo2Config) -> Result<Option<DecoderSpec>, PluginError> {
         let qwen3 = presets::qwen3();
         let defaults = serde_json::json!({
             "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
@@ -119,8 +121,12 @@ impl FamilyPlugin for Molmo2 {
             "intermediate_size": 12288, "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
         });
         let aliases = [("qkv_bias", "attention_bias"), ("layer_norm_eps", "rms_norm_eps")];
+        let scope = if config.qk_norm_whole { QkNormScope::Whole } else { QkNormScope::PerHead };
+        let placement = if config.norm_after { NormPlacement::Post } else { NormPlacement::Pre };
         Ok(Some(DecoderSpec {
             name: "molmo2_text".into(),
+            attention: Attention { qk_norm_scope: scope, ..qwen3.attention },
+            norms: Norms { placement, ..qwen3.norms },
             model_types: vec!["molmo2_text".into()],
             config_defaults: defaults.as_object().cloned().unwrap_or_default(),
             weights: WeightLayout::Molmo,
@@ -282,17 +288,19 @@ mod tests {
     }
 
     #[test]
-    fn text_variants_the_decoder_does_not_build_are_refused() {
+    fn text_variants_are_read_into_the_spec_or_refused() {
         let (config_json, processor) = fixture_json();
-        for (field, value, says) in [
-            ("qk_norm_type", serde_json::json!("olmo"), "qk_norm_type `olmo`"),
-            ("norm_after", serde_json::json!(true), "norm_after"),
-        ] {
-            let mut v: serde_json::Value = serde_json::from_str(&config_json).expect("json");
-            v["text_config"][field] = value;
-            let err = Molmo2Config::parse(&v.to_string(), &processor).expect_err(field);
-            assert!(err.message.contains(says), "{err}");
-        }
+        let mut v: serde_json::Value = serde_json::from_str(&config_json).expect("json");
+        v["text_config"]["qk_norm_type"] = "olmo".into();
+        v["text_config"]["norm_after"] = true.into();
+        let olmo = Molmo2Config::parse(&v.to_string(), &processor).expect("olmo");
+        let spec = Molmo2::decoder_spec(&olmo).expect("spec").expect("spec");
+        assert_eq!((spec.attention.qk_norm_scope, spec.norms.placement), (QkNormScope::Whole, NormPlacement::Post));
+        let text = TextConfig::parse_with(&v.to_string(), Some(&spec)).expect("reads");
+        assert!(text.qk_norm_whole && text.post_norms);
+        v["text_config"]["qk_norm_type"] = "gemma".into();
+        let err = Molmo2Config::parse(&v.to_string(), &processor).expect_err("unknown");
+        assert!(err.message.contains("qk_norm_type `gemma`"), "{err}");
         let mut v: serde_json::Value = serde_json::from_str(&config_json).expect("json");
         v["text_config"]["rope_parameters"] =
             serde_json::json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4});
