@@ -297,3 +297,44 @@ fn verify_fails_at_the_logits_stage_when_a_decode_step_diverges() {
     assert!(section(&out, "two_images").contains("logits       ok"), "{out}");
     assert!(err.contains("verify failed: 1 stage(s) failed; the first is variant image, stage logits"), "{err}");
 }
+
+/// A two-part token table split at another row than the vocabulary's (transformers 5.24 saves
+/// Molmo2's `wte.embedding` and `wte.new_embedding` as two equal halves) is the same table: the
+/// checkpoint passes verify at every stage, as the fixture does.
+#[test]
+fn a_token_table_split_elsewhere_reads_as_the_same_table() {
+    let temp = tempfile::tempdir().expect("temp dir");
+    let copy = temp.path().join("molmo2");
+    copy_dir(&fixture("molmo2"), &copy);
+    let path = copy.join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("read the checkpoint");
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let metadata: Option<HashMap<String, String>> = header.metadata().clone();
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("parse");
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.dtype(), view.shape().to_vec(), view.data().to_vec()))
+        .collect();
+    let (base, extra) = ("model.transformer.wte.embedding", "model.transformer.wte.new_embedding");
+    let part = |name: &str| tensors.iter().position(|t| t.0 == name).expect(name);
+    let (b, e) = (part(base), part(extra));
+    let hidden = tensors[b].2[1];
+    let mut table = tensors[b].3.clone();
+    table.extend_from_slice(&tensors[e].3);
+    let rows = tensors[b].2[0] + tensors[e].2[0];
+    let half = rows / 2;
+    let row = table.len() / rows;
+    tensors[b].2 = vec![half, hidden];
+    tensors[b].3 = table[..half * row].to_vec();
+    tensors[e].2 = vec![rows - half, hidden];
+    tensors[e].3 = table[half * row..].to_vec();
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| (name.as_str(), TensorView::new(*dtype, shape.clone(), data).expect("view")))
+        .collect();
+    std::fs::write(&path, safetensors::serialize(views, metadata).expect("serialize")).expect("write");
+
+    let (ok, report, err) = verify_json(&copy, &temp.path().join("cache"));
+    assert!(ok && report["passed"] == true, "split at {half} of {rows}: {err}");
+}

@@ -217,8 +217,11 @@ struct Layer {
 struct Weights {
     /// The embedding table `[vocab, hidden]`: dense, or quantized like a linear's weight.
     embed: Lin,
-    /// The table's extra rows `[extra_vocab, hidden]`, stored apart (dense).
+    /// The table's further rows, stored apart (dense): `[vocab + extra_vocab - split, hidden]`.
     embed_extra: Option<Global>,
+    /// Rows of the table stored in `embed`: the head's vocabulary, unless the checkpoint
+    /// splits its two-part table elsewhere.
+    split: usize,
     layers: Vec<Layer>,
     norm: Global,
     lm_head: Lin,
@@ -314,8 +317,16 @@ pub fn emit_bundle(
     };
     let (h, d) = (cfg.hidden, cfg.head_dim);
     let key = |t: Tensor| names.key(t).expect("invariant: every tensor but an absent head has a key");
-    let embed = lin(&mut m, key(Tensor::Embed), cfg.vocab, h);
-    let embed_extra = (cfg.extra_vocab > 0).then(|| p(&mut m, key(Tensor::EmbedExtra), &[cfg.extra_vocab, h]));
+    // A table stored in two parts is read at whatever row it is split: transformers 5.24 saves
+    // Molmo2's as two equal halves (the stacked table is the same), the Hub's at the vocabulary.
+    let split = match cfg.extra_vocab {
+        0 => cfg.vocab,
+        extra => stored_split(index, &key(Tensor::Embed), &key(Tensor::EmbedExtra), cfg.vocab + extra, h)
+            .unwrap_or(cfg.vocab),
+    };
+    let embed = lin(&mut m, key(Tensor::Embed), split, h);
+    let embed_extra =
+        (cfg.extra_vocab > 0).then(|| p(&mut m, key(Tensor::EmbedExtra), &[cfg.vocab + cfg.extra_vocab - split, h]));
     let fused = names.layout == WeightLayout::Molmo;
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
@@ -371,7 +382,7 @@ pub fn emit_bundle(
     let kv = KvLayout::of(cfg, contract.activations);
     let cache_ty = Type::new(kv.elem, &kv.global(shape));
     let cache = m.state("kv", cache_ty, 0.0);
-    let e = Emitter { cfg, shape, c: contract, w: Weights { embed, embed_extra, layers, norm, lm_head }, cache };
+    let e = Emitter { cfg, shape, c: contract, w: Weights { embed, embed_extra, split, layers, norm, lm_head }, cache };
 
     let (t, cap, s) = (shape.chunk, shape.rows(), shape.slots);
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
@@ -452,6 +463,17 @@ pub fn emit_bundle(
     Ok(Emitted { mlir: m.finish()?, sources: sources.into_inner().into_iter().collect() })
 }
 
+/// The row at which a checkpoint splits a two-part token table of `rows` rows: the first
+/// part's rows, when both parts are stored `[n, hidden]`, non-empty, and add up to `rows`;
+/// `None` otherwise (the declared shapes then report what is wrong).
+fn stored_split(index: &Index, first: &str, second: &str, rows: usize, hidden: usize) -> Option<usize> {
+    let (a, b) = (index.get(first)?, index.get(second)?);
+    match (a.shape.as_slice(), b.shape.as_slice()) {
+        (&[n, ha], &[m, hb]) if ha == hidden && hb == hidden && n > 0 && m > 0 && n + m == rows => Some(n),
+        _ => None,
+    }
+}
+
 impl Emitter<'_> {
     /// The embedding table's rows for `tokens`, in the activation dtype; a quantized table's
     /// rows are gathered packed, with their scales and biases, and dequantized as a linear's
@@ -460,7 +482,7 @@ impl Emitter<'_> {
         let Some(extra) = &self.w.embed_extra else { return self.base_rows(f, tokens) };
         // Two gathers, each with its indices clamped into its own table, and a select: the
         // stacked table is never materialised.
-        let (vocab, rows) = (self.cfg.vocab, self.cfg.extra_vocab);
+        let (vocab, rows) = (self.w.split, self.cfg.vocab + self.cfg.extra_vocab - self.w.split);
         let ty = tokens.ty().clone();
         let at = |f: &mut Func, v: usize| f.splat(&ty, v as f64);
         let (zero, last, v) = (at(f, 0), at(f, vocab - 1), at(f, vocab));

@@ -74,7 +74,9 @@ pub enum WeightLayout {
     /// `self_attn.att_proj` holding the q, k and v rows in that order, `self_attn.attn_out`,
     /// `ff_norm`, one fused `mlp.ff_proj` holding the up rows then the gate rows, `mlp.ff_out`,
     /// `ln_f`, and an untied `lm_head` over the base vocabulary. The fused projections are
-    /// computed as one matmul each and split after it.
+    /// computed as one matmul each and split after it. The two parts of the token table may be
+    /// split at any row (transformers 5.24 saves Molmo2's as two equal halves): the table is
+    /// the two stacked.
     Molmo,
 }
 
