@@ -13,7 +13,7 @@
 //! linears, a q/k norm other than `qwen3` and `olmo`, a scaled rotary embedding that skips
 //! layers.
 
-use mlxcel_family_common::{Identity, WeightDtype};
+use mlxcel_family_common::{Identity, WeightDtype, processor_section};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -272,7 +272,10 @@ impl Molmo2Config {
             frame_end: raw.frame_end_token_id.unwrap_or(151_944),
         };
 
-        let image_processor = image_processor_section(processor_json)?;
+        // The image processor's object, nested (`processor_config.json`) or flat (the Hub's
+        // `preprocessor_config.json`), as every family reads it.
+        let image_processor: Value =
+            processor_section(processor_json).map_err(|e| invalid(format!("processor config: {e}")))?;
         let processor = ImageProcessor::from_json(&image_processor).map_err(|e| invalid(format!("processor: {e}")))?;
         if processor.crop_size() != vision.image_size || processor.patch_size() != vision.patch_size {
             return Err(invalid(format!(
@@ -314,19 +317,6 @@ impl Molmo2Config {
         ImageProcessor::from_json(&self.image_processor)
             .map_err(|e| PluginError::new(mlxcel_plugin_api::ErrorCode::Internal, format!("processor: {e}")))
     }
-}
-
-/// The image processor's object: `image_processor` in `processor_config.json`, or the whole
-/// of a flat `preprocessor_config.json`.
-fn image_processor_section(json: &str) -> Result<Value, PluginError> {
-    if json.trim().is_empty() {
-        return Ok(Value::Object(Default::default()));
-    }
-    let mut root: Value = serde_json::from_str(json).map_err(|e| invalid(format!("processor config: {e}")))?;
-    Ok(match root.get_mut("image_processor") {
-        Some(nested) => nested.take(),
-        None => root,
-    })
 }
 
 fn parse_vision(v: RawVision) -> Result<VisionConfig, PluginError> {
