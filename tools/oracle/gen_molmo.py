@@ -8,11 +8,16 @@ text_config / vision_config with Molmo's own key names).
 
 The processor resizes (PIL bilinear) and pads into overlapping crops plus a global crop, and puts the image
 tokens (<im_start> (<im_patch> x w <im_col>) x h <im_end>, for the global image then the crops) before the
-prompt's text. mlx-vlm's Molmo processor takes one image per prompt, so there is no two-image variant.
+prompt's text. mlx-vlm's Molmo processor takes one image per prompt, so there is no two-image variant. Besides
+the image, long and text_only variants, image_jpeg sends the wide picture as a client would, a JPEG (4:2:0,
+quality 90, common.client_formats); its goldens start from the JPEG as decoded (Pillow, exif_transpose, RGB),
+which is the same for transformers' load_image and mlx-vlm's.
 
 Stages: input_ids, pixel_values [crops, patches, 588], image_input_idx (token position of each pooled
-feature, -1 for padding), image_masks, image_features (vision tower + pooling + projector output, added to
-the token embeddings at image_input_idx), inputs_embeds, position_ids, logits, 16 greedy tokens decoded with
+feature, -1 for padding), image_masks, image_features (vision tower + pooling + projector output, in the order it is added
+to the token embeddings: the rows image_input_idx places, by token position; image_features_by_crop holds
+them per crop and pooled patch as the tower returns them), inputs_embeds, attention_mask.full_attention (the
+language model's own mask, create_attention_mask as an array), position_ids, logits, 16 greedy tokens decoded with
 the KV cache (make_prompt_cache), cross-checked against mlx-vlm's generate_step and full recomputation."""
 
 import json
@@ -61,7 +66,22 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}Assistant:{% endif %}"
 )
 IMAGES = {"wide": (100, 60, 0)}
+# The wide picture as a client sends it: only the JPEG of common.client_formats (the processor takes one image).
+_ENCODED, _CLIENT_VARIANTS = common.client_formats(common.synthetic_image(*IMAGES["wide"]), "wide")
+ENCODED = {"wide_jpeg": _ENCODED["wide_jpeg"]}
+JPEG_VARIANT = next(v for v in _CLIENT_VARIANTS if v.name == "image_jpeg")
+# Each media name's file under the fixture.
+FILES = {**{k: f"inputs/{k}.png" for k in IMAGES}, **{k: f"inputs/{k}.{e.ext}" for k, e in ENCODED.items()}}
 ALLENAI_PREFIXES = [("language_model.model.", "model.transformer."), ("vision_tower.", "model.vision_backbone.")]
+
+
+NOTES = [
+    "transformers has no Molmo v1; mlx-vlm is the reference and there is no second implementation",
+    "weights use the original allenai names; config.json is mlx-vlm's nested form",
+    "mlx-vlm's Molmo processor takes one image per prompt: no two-image variant",
+    "image_jpeg: inputs/wide_jpeg.jpg (the wide picture as JPEG, 4:2:0, quality 90); its goldens start from the "
+    "decoded JPEG (transformers' load_image, checked equal to mlx-vlm's load_image)",
+]
 
 
 def variants() -> list[common.Variant]:
@@ -70,6 +90,7 @@ def variants() -> list[common.Variant]:
         common.Variant("text_only", "a text-only prompt to the VLM checkpoint", [common.TEXT_PROMPT]),
         common.Variant("long", f"an image and a prompt longer than one prefill chunk of {common.PREFILL_CHUNK}",
                        [("image", "wide"), common.LONG_PROMPT]),
+        JPEG_VARIANT,
     ]
 
 
@@ -95,14 +116,32 @@ def build(out) -> None:
     (out / "preprocessor_config.json").write_bytes(common.json_bytes(PREPROCESSOR))
     tok = common.hf_tokenizer(SPECIALS, CHAT_TEMPLATE, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.save_pretrained(out)
+    write_inputs(out)
+
+
+def write_inputs(out) -> None:
+    """inputs/: the PNG pictures and the client-encoded files, the same bytes for every Molmo fixture."""
     for name, (w, h, kind) in IMAGES.items():
         common.save_image(common.synthetic_image(w, h, kind), out, name)
+    for name, enc in ENCODED.items():
+        common.save_encoded(enc, out, name)
+
+
+def read_image(fixture, rel: str):
+    """The image as the reference reads the file (common.load_image: transformers' load_image), checked to be
+    what mlx-vlm's own load_image gives for it (both: Pillow, ImageOps.exif_transpose, convert("RGB"))."""
+    from mlx_vlm.utils import load_image as mlx_load_image
+
+    img = common.load_image(fixture, rel)
+    if not np.array_equal(np.asarray(img), np.asarray(mlx_load_image(str(fixture / rel)))):
+        raise RuntimeError(f"{rel}: transformers' load_image and mlx-vlm's decode it differently")
+    return img
 
 
 def run_variant(model, processor, fixture, v: common.Variant) -> common.Golden:
     messages = v.messages()
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-    imgs = [common.load_image(fixture, f"inputs/{i}.png") for i in v.media("image")]
+    imgs = [read_image(fixture, FILES[i]) for i in v.media("image")]
     inputs = processor(images=imgs or None, text=prompt)
     extra = {k: inputs[k] for k in ("image_input_idx", "image_masks") if k in inputs}
     pixels = inputs.get("pixel_values")
@@ -116,9 +155,25 @@ def run_variant(model, processor, fixture, v: common.Variant) -> common.Golden:
         g.put("pixel_values", torch.from_numpy(np.array(pixels)))
         g.put("image_input_idx", torch.from_numpy(np.array(extra["image_input_idx"])))
         g.put("image_masks", torch.from_numpy(np.array(extra["image_masks"])))
-        g.put("image_features", torch.from_numpy(np.array(feats[0])))
-        g.meta.update(images=[f"inputs/{i}.png" for i in v.media("image")],
+        # The rows as the merge adds them: each valid (crop, pooled patch) feature at its
+        # image_input_idx, so in the order of the prompt's <im_patch> tokens (padding slots,
+        # image_input_idx < 0, are never added). The per-crop tensor is kept beside it.
+        by_crop = np.array(feats[0])
+        idx = np.array(extra["image_input_idx"]).reshape(-1)
+        rows = by_crop.reshape(idx.size, -1)[idx >= 0]
+        placed = rows[np.argsort(idx[idx >= 0], kind="stable")]
+        g.put("image_features", torch.from_numpy(placed))
+        g.put("image_features_by_crop", torch.from_numpy(by_crop))
+        g.meta.update(images=[FILES[i] for i in v.media("image")],
                       image_sizes=[list(im.size) for im in imgs], image_backend="mlx-vlm MolmoImageProcessor (PIL)")
+    # The mask the language model builds for the prompt (mask=None: create_attention_mask over the
+    # embeddings, without a cache), as an array.
+    from mlx_vlm.models.base import create_attention_mask
+
+    n = int(inputs["input_ids"].shape[1])
+    m = np.array(create_attention_mask(mx.zeros((1, n, 1)), None, return_array=True))
+    allowed = torch.from_numpy(m if m.dtype == np.bool_ else (m == 0))
+    g.put("attention_mask.full_attention", common.mask_to_allowed(allowed, n))
     g.meta.update(messages=messages, prompt=prompt, processor_outputs=sorted(k for k in inputs if k != "input_ids"))
     return g
 
@@ -134,9 +189,7 @@ def main() -> None:
     common.mlx_fixture(
         "molmo", "gen_molmo.py", build, load_processor, run_variant, variants(), check=args.check,
         reference="mlx-vlm Molmo (models/molmo) on mlx-cpu, fp32; mlx-vlm MolmoProcessor",
-        notes=["transformers has no Molmo v1; mlx-vlm is the reference and there is no second implementation",
-               "weights use the original allenai names; config.json is mlx-vlm's nested form",
-               "mlx-vlm's Molmo processor takes one image per prompt: no two-image variant"],
+        notes=NOTES,
     )
 
 

@@ -486,9 +486,19 @@ impl TextConfig {
             // The tied head would be the stacked table, predicting the additional rows too.
             return Err(invalid(format!("tie_word_embeddings is not implemented for {}", preset.name)));
         }
+        let intermediate = match preset.intermediate_counts_fused {
+            true if !raw.intermediate_size.is_multiple_of(2) => {
+                return Err(invalid(format!(
+                    "intermediate_size {} counts the fused up and gate rows for {}, and is odd",
+                    raw.intermediate_size, preset.name
+                )));
+            }
+            true => raw.intermediate_size / 2,
+            false => raw.intermediate_size,
+        };
         Ok(TextConfig {
             hidden: raw.hidden_size,
-            intermediate: raw.intermediate_size,
+            intermediate,
             layers: raw.num_hidden_layers,
             heads,
             kv_heads,

@@ -50,6 +50,7 @@ pub fn llama() -> DecoderSpec {
         injected_layers: 0,
         weights: WeightLayout::Transformers,
         config_aliases: Default::default(),
+        intermediate_counts_fused: false,
     }
 }
 
@@ -121,6 +122,7 @@ pub fn gemma3_text() -> DecoderSpec {
         injected_layers: 0,
         weights: WeightLayout::Transformers,
         config_aliases: Default::default(),
+        intermediate_counts_fused: false,
     }
 }
 

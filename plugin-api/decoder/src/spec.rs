@@ -58,6 +58,15 @@ pub struct DecoderSpec {
     /// different values is refused as ambiguous.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub config_aliases: std::collections::BTreeMap<String, String>,
+    /// The config's `intermediate_size` counts the rows of the fused up-and-gate projection
+    /// (the original Molmo configs' `mlp_hidden_size`, OLMo's convention), twice the MLP's
+    /// width; otherwise it is the width. Left out of the JSON when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub intermediate_counts_fused: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Where a checkpoint keeps a decoder's tensors, and in which pieces.

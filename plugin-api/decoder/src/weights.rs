@@ -47,8 +47,10 @@ pub fn split_logical(name: &str) -> Option<(&str, &str)> {
     name.split_once(LOGICAL_SEPARATOR)
 }
 
-/// Module labels MLX's converters rename: (the transformers label, MLX's).
-const MLX_LABELS: [(&str, &str); 1] = [("visual", "vision_tower")];
+/// Module labels MLX's converters rename: (the transformers or original label, MLX's).
+/// mlx-vlm's Qwen2-VL keeps its `visual` tower as `vision_tower`, and its Molmo the original
+/// `model.vision_backbone` so too.
+const MLX_LABELS: [(&str, &str); 2] = [("visual", "vision_tower"), ("vision_backbone", "vision_tower")];
 
 /// How a checkpoint stores a parameter the graph declares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +74,26 @@ pub fn channels_last(declared: &[usize]) -> Option<Vec<usize>> {
     shape.extend_from_slice(kernel);
     shape.push(*inputs);
     Some(shape)
+}
+
+/// Which names a Molmo-layout checkpoint under `root` uses: the original ones (`blocks.0.att_proj`)
+/// or transformers' Molmo2 ones (`blocks.0.self_attn.att_proj`); both at once are ambiguous.
+fn molmo_original_names(index: &Index, root: &str) -> Result<bool, WeightsError> {
+    let original = format!("{root}blocks.0.att_proj.weight");
+    let nested = format!("{root}blocks.0.self_attn.att_proj.weight");
+    match (index.contains_key(&original), index.contains_key(&nested)) {
+        (true, false) => Ok(true),
+        (false, true) => Ok(false),
+        (true, true) => Err(WeightsError::AmbiguousModule {
+            module: "text model's attention".into(),
+            roots: format!("`{original}` and `{nested}`"),
+        }),
+        (false, false) => Err(WeightsError::Incomplete {
+            module: "text model".into(),
+            root: root.to_owned(),
+            missing: format!("`{original}` (or `{nested}`)"),
+        }),
+    }
 }
 
 /// How the tensor stored as `stored` serves a parameter declared `declared`. `mlx` says whether
@@ -355,20 +377,23 @@ impl LayerTensor {
     /// have. As transformers lays a layer out, the norm before the MLP is
     /// `post_attention_layernorm` in a pre-norm layer and `pre_feedforward_layernorm` in a
     /// sandwich one, where `post_attention_layernorm` is the norm on attention's output.
-    fn name(self, layout: WeightLayout, sandwich: bool) -> Option<&'static str> {
+    fn name(self, layout: WeightLayout, sandwich: bool, original: bool) -> Option<&'static str> {
         use LayerTensor::*;
         if layout == WeightLayout::Molmo {
+            // The original checkpoints (Molmo v1's) name the projections on the block itself;
+            // transformers' Molmo2 nests them under `self_attn.` and `mlp.`.
+            let pick = |original_name, nested| Some(if original { original_name } else { nested });
             return match self {
                 // One norm per block, before it or (`norm_after`) on its output.
                 AttnInNorm | AttnOutNorm => Some("attn_norm.weight"),
-                Qkv => Some("self_attn.att_proj.weight"),
-                QkvBias => Some("self_attn.att_proj.bias"),
-                QNorm => Some("self_attn.q_norm.weight"),
-                KNorm => Some("self_attn.k_norm.weight"),
-                O => Some("self_attn.attn_out.weight"),
+                Qkv => pick("att_proj.weight", "self_attn.att_proj.weight"),
+                QkvBias => pick("att_proj.bias", "self_attn.att_proj.bias"),
+                QNorm => pick("q_norm.weight", "self_attn.q_norm.weight"),
+                KNorm => pick("k_norm.weight", "self_attn.k_norm.weight"),
+                O => pick("attn_out.weight", "self_attn.attn_out.weight"),
                 MlpInNorm | MlpOutNorm => Some("ff_norm.weight"),
-                UpGate => Some("mlp.ff_proj.weight"),
-                Down => Some("mlp.ff_out.weight"),
+                UpGate => pick("ff_proj.weight", "mlp.ff_proj.weight"),
+                Down => pick("ff_out.weight", "mlp.ff_out.weight"),
                 Q | K | V | QBias | KBias | VBias | Gate | Up => None,
             };
         }
@@ -406,6 +431,10 @@ pub struct DecoderWeights {
     pub sandwich: bool,
     /// How the tensors are named and split.
     pub layout: WeightLayout,
+    /// In the Molmo layout, the original checkpoints' names (Molmo v1's, as allenai and
+    /// mlx-vlm store them): `blocks.N.att_proj`, `attn_out`, `ff_proj`, `ff_out` on the block,
+    /// and the untied head as `ff_out` under the root; otherwise transformers' Molmo2 names.
+    pub original_names: bool,
 }
 
 impl DecoderWeights {
@@ -418,11 +447,23 @@ impl DecoderWeights {
             WeightLayout::Molmo => MOLMO_ANCHORS,
         };
         let root = resolve_root(index, "", &anchors)?;
-        let lm_head = match cfg.tied_embeddings {
-            true => None,
-            false => Some(format!("{}weight", resolve_root(index, "lm_head", &["weight"])?)),
+        let original_names = layout == WeightLayout::Molmo && molmo_original_names(index, &root)?;
+        let lm_head = match (cfg.tied_embeddings, original_names) {
+            (true, _) => None,
+            (false, true) => {
+                let head = format!("{root}ff_out.weight");
+                if !index.contains_key(&head) {
+                    return Err(WeightsError::Incomplete {
+                        module: "text model".into(),
+                        root,
+                        missing: format!("`{head}` (the untied head)"),
+                    });
+                }
+                Some(head)
+            }
+            (false, false) => Some(format!("{}weight", resolve_root(index, "lm_head", &["weight"])?)),
         };
-        Ok(DecoderWeights { root, lm_head, sandwich: cfg.sandwich_norms, layout })
+        Ok(DecoderWeights { root, lm_head, sandwich: cfg.sandwich_norms, layout, original_names })
     }
 
     /// The checkpoint key of `tensor`; `None` for the LM head when it is the embedding table,
@@ -440,7 +481,7 @@ impl DecoderWeights {
             Tensor::LmHead => self.lm_head.clone(),
             Tensor::Layer(i, t) => {
                 let blocks = if molmo { "blocks" } else { "layers" };
-                t.name(self.layout, self.sandwich).map(|name| format!("{root}{blocks}.{i}.{name}"))
+                t.name(self.layout, self.sandwich, self.original_names).map(|name| format!("{root}{blocks}.{i}.{name}"))
             }
         }
     }

@@ -8,6 +8,7 @@
 //! - [`qwen_vl`]: the Qwen-VL families' config, processor, prompt layout, M-RoPE contract and
 //!   vision-graph buckets and masks;
 //! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop;
+//! - [`tiling`]: Molmo's choice of overlapping crops for an image (Molmo and Molmo2);
 //! - [`config`]: the processor config's section, nested or flat, into a family's serde mirror;
 //! - [`vit`]: the vision-tower blocks of the encoder graphs (weights by logical name, linears,
 //!   layer norms, the pre-norm SigLIP/CLIP encoder layer, the patch merger, 2-D rotary
@@ -20,6 +21,7 @@ pub mod config;
 pub mod image;
 pub mod patches;
 pub mod qwen_vl;
+pub mod tiling;
 pub mod vit;
 
 pub use clip::{ShortestEdgeError, center_crop, shortest_edge_size};

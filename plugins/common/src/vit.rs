@@ -2,8 +2,9 @@
 //! its biased linears and layer norms, and the pre-norm ViT encoder layer of SigLIP and CLIP
 //! (`layer_norm1`, self-attention with separate `q_proj`/`k_proj`/`v_proj`/`out_proj`, residual,
 //! `layer_norm2`, `mlp.fc1`, activation, `mlp.fc2`, residual), with its parameter list in the
-//! order the graph declares it; the Qwen-VL patch merger and 2-D rotary embedding, and the
-//! average pool over the patch grid that projectors use.
+//! order the graph declares it; Molmo's ViT block and SwiGLU projector (Molmo and Molmo2); the
+//! Qwen-VL patch merger and 2-D rotary embedding, and the average pool over the patch grid that
+//! projectors use.
 
 use std::collections::HashMap;
 
@@ -156,6 +157,57 @@ impl Tower<'_> {
         let h = act(f, &h);
         let h = self.linear(f, &h, &format!("{layer}.mlp.fc2"));
         self.c.residual(f, &x, &h)
+    }
+
+    /// `x W^T (+ b)` with the tower's `name.weight`, and `name.bias` when `bias`.
+    pub fn linear_maybe_biased(&self, f: &mut Func, x: &Value, name: &str, bias: bool) -> Value {
+        if bias {
+            return self.linear(f, x, name);
+        }
+        let w = self.t(f, &format!("{name}.weight"));
+        self.c.linear(f, x, &w, None)
+    }
+
+    /// One residual attention block of Molmo's ViT (Molmo's and Molmo2's) under `layer`
+    /// (`image_vit.transformer.resblocks.3`) over `x [C, P, e]`, each crop attending within
+    /// itself: `attention_norm`, the `attention.{wq,wk,wv,wo}` projections (biased when
+    /// `bias`) around [`attend`], residual; `ffn_norm`, `feed_forward.w1` (biased), `act`,
+    /// `feed_forward.w2` (biased), residual.
+    #[allow(clippy::too_many_arguments)]
+    pub fn molmo_resblock(
+        &self,
+        f: &mut Func,
+        x: &Value,
+        layer: &str,
+        (heads, head_dim): (usize, usize),
+        bias: bool,
+        act: impl Fn(&mut Func, &Value) -> Value,
+    ) -> Value {
+        let (crops, rows) = (x.shape()[0], x.shape()[1]);
+        let h = self.layer_norm(f, x, &format!("{layer}.attention_norm"));
+        let project = |f: &mut Func, w: &str| {
+            let y = self.linear_maybe_biased(f, &h, &format!("{layer}.attention.{w}"), bias);
+            f.reshape(&y, &[crops, rows, heads, head_dim])
+        };
+        let (q, k, v) = (project(f, "wq"), project(f, "wk"), project(f, "wv"));
+        let att = attend(&self.c, f, &q, &k, &v, None);
+        let att = self.linear_maybe_biased(f, &att, &format!("{layer}.attention.wo"), bias);
+        let x = self.c.residual(f, x, &att);
+        let h = self.layer_norm(f, &x, &format!("{layer}.ffn_norm"));
+        let h = self.linear(f, &h, &format!("{layer}.feed_forward.w1"));
+        let h = act(f, &h);
+        let h = self.linear(f, &h, &format!("{layer}.feed_forward.w2"));
+        self.c.residual(f, &x, &h)
+    }
+
+    /// Molmo's SwiGLU projector under `prefix` (`image_projector`): `w2(silu(w1(x)) * w3(x))`,
+    /// all three unbiased.
+    pub fn swiglu_projector(&self, f: &mut Func, x: &Value, prefix: &str) -> Value {
+        let gate = self.linear_maybe_biased(f, x, &format!("{prefix}.w1"), false);
+        let up = self.linear_maybe_biased(f, x, &format!("{prefix}.w3"), false);
+        let act = self.c.silu(f, &gate);
+        let prod = f.mul(&act, &up);
+        self.linear_maybe_biased(f, &prod, &format!("{prefix}.w2"), false)
     }
 
     /// The patch merger of the Qwen-VL towers: `norm(x)`, each `area` consecutive rows (one

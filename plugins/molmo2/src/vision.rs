@@ -175,35 +175,12 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    /// `x W^T (+ b)` for the weight `name.weight`, biased when `bias`.
-    fn linear(&self, f: &mut Func, x: &Value, name: &str, bias: bool) -> Value {
-        if bias {
-            return self.tower.linear(f, x, name);
-        }
-        let w = self.tower.w(f, &format!("{name}.weight"));
-        self.c.linear(f, x, &w, None)
-    }
-
-    /// One ViT layer over `x [C, P, e]`, each crop attending within itself.
+    /// One ViT layer over `x [C, P, e]`.
     fn layer(&self, f: &mut Func, x: &Value, i: usize) -> Value {
         let v = &self.config.vision;
-        let (crops, patches) = (x.shape()[0], x.shape()[1]);
-        let (heads, d) = (v.num_attention_heads, v.head_dim);
         let l = format!("{VIT}transformer.resblocks.{i}");
-        let h = self.tower.layer_norm(f, x, &format!("{l}.attention_norm"));
-        let project = |f: &mut Func, w: &str| {
-            let y = self.linear(f, &h, &format!("{l}.attention.{w}"), v.attention_bias);
-            f.reshape(&y, &[crops, patches, heads, d])
-        };
-        let (q, k, val) = (project(f, "wq"), project(f, "wk"), project(f, "wv"));
-        let att = attend(&self.c, f, &q, &k, &val, None);
-        let att = self.linear(f, &att, &format!("{l}.attention.wo"), v.attention_bias);
-        let x = self.c.residual(f, x, &att);
-        let h = self.tower.layer_norm(f, &x, &format!("{l}.ffn_norm"));
-        let h = self.tower.linear(f, &h, &format!("{l}.feed_forward.w1"));
-        let h = self.c.gelu_tanh(f, &h);
-        let h = self.tower.linear(f, &h, &format!("{l}.feed_forward.w2"));
-        self.c.residual(f, &x, &h)
+        let dims = (v.num_attention_heads, v.head_dim);
+        self.tower.molmo_resblock(f, x, &l, dims, v.attention_bias, |f, h| self.c.gelu_tanh(f, h))
     }
 
     /// The concatenated features `[C * P, k * e]` to the pooled, projected rows `[T, text]`.
@@ -237,7 +214,7 @@ impl Emitter<'_> {
         let query = f.reshape(&query, &[t, 1, width]);
 
         let pool = |f: &mut Func, x: &Value, w: &str, n: usize| {
-            let y = self.linear(f, x, &format!("{ADAPTER}image_pooling_2d.{w}"), a.attention_bias);
+            let y = self.tower.linear_maybe_biased(f, x, &format!("{ADAPTER}image_pooling_2d.{w}"), a.attention_bias);
             f.reshape(&y, &[t, n, heads, d])
         };
         let q = pool(f, &query, "wq", 1);
@@ -248,14 +225,10 @@ impl Emitter<'_> {
         let mask = f.select(&present, &zeros, &low);
         let mask = f.reshape(&mask, &[t, 1, k]);
         let att = attend(&self.c, f, &q, &key, &val, Some(&mask));
-        let att = self.linear(f, &att, &format!("{ADAPTER}image_pooling_2d.wo"), a.attention_bias);
+        let att = self.tower.linear_maybe_biased(f, &att, &format!("{ADAPTER}image_pooling_2d.wo"), a.attention_bias);
         let x = f.reshape(&att, &[t, a.hidden_size]);
 
-        let gate = self.linear(f, &x, &format!("{ADAPTER}image_projector.w1"), false);
-        let up = self.linear(f, &x, &format!("{ADAPTER}image_projector.w3"), false);
-        let act = self.c.silu(f, &gate);
-        let prod = f.mul(&act, &up);
-        self.linear(f, &prod, &format!("{ADAPTER}image_projector.w2"), false)
+        self.tower.swiglu_projector(f, &x, &format!("{ADAPTER}image_projector"))
     }
 }
 
