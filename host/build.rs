@@ -1,6 +1,7 @@
 //! Generates the conformance test list: one test per oracle fixture that an in-tree plugin's
 //! manifest accepts (its `config.json`'s first architecture among the manifest's
-//! `[accepts] architectures`), so a new family's conformance test comes from its manifest and
+//! `[accepts] architectures`, or, for a config naming none, its `model_type` among the
+//! `model_types`), so a new family's conformance test comes from its manifest and
 //! fixture alone, with no host file to edit.
 
 use std::{
@@ -18,8 +19,11 @@ fn main() {
         println!("cargo::rerun-if-changed={}", path.display());
         let Ok(manifest) = fs::read_to_string(&path).map(|t| t.parse::<toml::Table>()) else { continue };
         let Ok(manifest) = manifest else { continue };
-        let architectures = manifest.get("accepts").and_then(|a| a.get("architectures")).and_then(|a| a.as_array());
-        accepted.extend(architectures.into_iter().flatten().filter_map(|a| a.as_str().map(str::to_owned)));
+        // A config names its architecture, or (mlx-vlm's form) only its model type.
+        for key in ["architectures", "model_types"] {
+            let names = manifest.get("accepts").and_then(|a| a.get(key)).and_then(|a| a.as_array());
+            accepted.extend(names.into_iter().flatten().filter_map(|a| a.as_str().map(|n| (key, n.to_owned()))));
+        }
     }
     let mut names = Vec::new();
     for dir in entries(&fixtures) {
@@ -27,8 +31,11 @@ fn main() {
         println!("cargo::rerun-if-changed={}", config.display());
         let Ok(text) = fs::read_to_string(&config) else { continue };
         let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
-        let architecture = config.pointer("/architectures/0").and_then(|a| a.as_str()).unwrap_or_default();
-        if accepted.iter().any(|a| a == architecture)
+        let wanted = match config.pointer("/architectures/0").and_then(|a| a.as_str()) {
+            Some(architecture) => ("architectures", architecture),
+            None => ("model_types", config.get("model_type").and_then(|t| t.as_str()).unwrap_or_default()),
+        };
+        if accepted.iter().any(|(key, name)| (*key, name.as_str()) == wanted)
             && let Some(name) = dir.file_name().and_then(|n| n.to_str())
         {
             names.push(name.to_owned());

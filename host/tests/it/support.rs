@@ -83,8 +83,25 @@ pub(crate) fn generate(plugin_dir: &Path, model: &Path, images: &[PathBuf], prom
     }
     command.arg("--plugins").arg(plugin_dir);
     let chunk = chunk_for(model).to_string();
-    command.args(["--capacity", "128", "--chunk", &chunk, "--max-tokens", "16", "--ignore-eos", "--json"]);
+    let capacity = capacity_for(model).to_string();
+    command.args(["--capacity", &capacity, "--chunk", &chunk, "--max-tokens", "16", "--ignore-eos", "--json"]);
     command.args(extra).env_remove("MLXCEL_PLUGINS").output().expect("the binary runs")
+}
+
+/// The context capacity the tests run a fixture with: 128 rows, or the next power of two that
+/// holds its longest golden prompt and greedy tokens (Molmo's image blocks open every image
+/// prompt, so its long variant needs more).
+pub(crate) fn capacity_for(fixture: &Path) -> usize {
+    let fixture = mlxcel_golden::Fixture::open(fixture);
+    let longest = fixture
+        .variants()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| fixture.golden(v).ok())
+        .map(|g| g.tensor("input_ids").map_or(0, |t| t.len()) + g.tensor("greedy_tokens").map_or(0, |t| t.len()))
+        .max()
+        .unwrap_or(0);
+    longest.max(128).next_power_of_two()
 }
 
 /// The prefill chunk the tests run a fixture with: 32 tokens (every fixture's long variant

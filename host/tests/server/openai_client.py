@@ -124,7 +124,8 @@ def scenario_models(client, args):
 
 
 def mixed_requests(args):
-    """Eight requests: text and image, greedy and seeded sampling, two of them golden variants; then the golden
+    """Eight requests: text and image, greedy and seeded sampling, two of them golden variants (image, and
+    two_images or, for a family of one image per prompt, long); then the golden
     variants sent as JPEG, WebP and EXIF-rotated JPEG, where the fixture has them."""
     wide = data_url(args.fixture / "inputs" / "wide.png")
     images = sorted((args.fixture / "inputs").glob("*.png"))
@@ -132,7 +133,9 @@ def mixed_requests(args):
     requests = []
     for i in range(8):
         if i in (3, 6):
-            variant = "image" if i == 3 else "two_images"
+            # A family taking one image per prompt (Molmo) sends its long image variant instead.
+            second = "two_images" if (args.fixture / "goldens" / "two_images.json").exists() else "long"
+            variant = "image" if i == 3 else second
             golden = json.loads((args.fixture / "goldens" / f"{variant}.json").read_text())
             params = {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY}
             requests.append((variant, golden_messages(args.fixture, golden), params))

@@ -615,6 +615,22 @@ mod tests {
         }
     }
 
+    /// A spec whose config counts the fused up-and-gate rows reads half of `intermediate_size`
+    /// as the MLP's width, and refuses an odd count.
+    #[test]
+    fn an_intermediate_size_counting_the_fused_rows_is_halved() {
+        let mut spec = presets::qwen2();
+        spec.model_types = vec!["qwen2".into()];
+        spec.intermediate_counts_fused = true;
+        let c = TextConfig::parse_with(&config("qwen2", serde_json::json!({})), Some(&spec)).expect("fused");
+        assert_eq!(c.intermediate, 8);
+        let odd = config("qwen2", serde_json::json!({"intermediate_size": 15}));
+        let err = TextConfig::parse_with(&odd, Some(&spec)).expect_err("odd");
+        assert!(err.to_string().contains("intermediate_size 15"), "{err}");
+        let plain = TextConfig::parse_with(&config("qwen2", serde_json::json!({})), None).expect("preset");
+        assert_eq!(plain.intermediate, 16);
+    }
+
     /// The Hub's gemma3_text config (transformers 4): no `layer_types`, the pattern as an int,
     /// the full layers' rotary scaling in `rope_scaling`, the sliding layers' base in
     /// `rope_local_base_freq`. It reads to exactly the transformers 5 fixture's config.

@@ -673,6 +673,43 @@ mod tests {
         assert!(matches!(DecoderWeights::resolve(&heads, &untied), Err(WeightsError::AmbiguousModule { .. })));
     }
 
+    /// The Molmo layout in either naming: Molmo2's nested (`self_attn.att_proj`, `lm_head`) or
+    /// the original (`att_proj` on the block, the head as the root's `ff_out`); both at once
+    /// are ambiguous.
+    #[test]
+    fn the_molmo_layout_is_read_in_the_naming_the_checkpoint_uses() {
+        let mut cfg = crate::TextConfig::parse(&tiny_config("llama")).expect("config");
+        cfg.spec.weights = WeightLayout::Molmo;
+        cfg.tied_embeddings = false;
+        let with = |extra: &[&str]| -> Index {
+            MOLMO_ANCHORS
+                .iter()
+                .map(|p| (format!("model.transformer.{p}"), vec![8]))
+                .chain(extra.iter().map(|k| ((*k).to_owned(), vec![8, 8])))
+                .map(|(k, shape)| (k, TensorInfo { dtype: "F32".into(), shape }))
+                .collect()
+        };
+        let original = with(&["model.transformer.blocks.0.att_proj.weight", "model.transformer.ff_out.weight"]);
+        let w = DecoderWeights::resolve(&original, &cfg).expect("original");
+        assert!(w.original_names);
+        assert_eq!(w.lm_head.as_deref(), Some("model.transformer.ff_out.weight"));
+        let up_gate = Tensor::Layer(3, LayerTensor::UpGate);
+        assert_eq!(w.key(up_gate).as_deref(), Some("model.transformer.blocks.3.ff_proj.weight"));
+        let nested = with(&["model.transformer.blocks.0.self_attn.att_proj.weight", "lm_head.weight"]);
+        let w = DecoderWeights::resolve(&nested, &cfg).expect("nested");
+        assert!(!w.original_names);
+        assert_eq!(w.key(up_gate).as_deref(), Some("model.transformer.blocks.3.mlp.ff_proj.weight"));
+        let both = with(&[
+            "model.transformer.blocks.0.att_proj.weight",
+            "model.transformer.blocks.0.self_attn.att_proj.weight",
+            "model.transformer.ff_out.weight",
+        ]);
+        assert!(matches!(DecoderWeights::resolve(&both, &cfg), Err(WeightsError::AmbiguousModule { .. })));
+        let headless = with(&["model.transformer.blocks.0.att_proj.weight"]);
+        let err = DecoderWeights::resolve(&headless, &cfg).expect_err("no head");
+        assert!(err.to_string().contains("model.transformer.ff_out.weight"), "{err}");
+    }
+
     #[test]
     fn a_module_is_found_under_whatever_root_nests_it_and_only_there() {
         let paths = ["embeddings.patch_embedding.weight", "encoder.layers.0.mlp.fc1.weight"];

@@ -7,6 +7,11 @@
 //! - [`center_crop`]: numpy `center_crop` on the 8-bit image, zero-padded (black) where the
 //!   image is smaller than the crop.
 
+/// OpenAI CLIP's mean and std as the processors write them (Python floats, rounded to f32 by
+/// numpy when normalising).
+pub const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+pub const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+
 use crate::image::{Image, ImageError};
 
 /// A size that cannot be resized to a shortest edge: a side or the edge is zero.

@@ -13,14 +13,11 @@
 //! name: a tower other than CLIP, an activation the numeric contract does not define, a
 //! feature layer outside the tower, a processor that does not produce the tower's square.
 
+use mlxcel_family_common::clip::{CLIP_MEAN, CLIP_STD};
 use mlxcel_family_common::{Identity, Resample, Steps, WeightDtype, processor_section, shortest_edge_size};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
 
-/// OpenAI CLIP's mean and std as transformers writes them (Python floats, rounded to f32 by
-/// numpy when normalising).
-const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
-const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 /// `LlamaConfig().hidden_size`, for LLaVA 1.5 configs whose `text_config` leaves it out.
 const LLAMA_DEFAULT_HIDDEN: u32 = 4096;
 /// The placeholder `LlavaProcessor` expands.

@@ -20,6 +20,7 @@
 //! held to the tokenizer's on every prompt (the host counts `<im_patch>` in the tokenized
 //! prompt; the contract checks every image token).
 
+use mlxcel_family_common::clip::{CLIP_MEAN, CLIP_STD};
 use mlxcel_family_common::{Identity, WeightDtype, processor_section};
 use mlxcel_plugin_api::PluginError;
 use serde::{Deserialize, Serialize};
@@ -146,10 +147,6 @@ pub(crate) const TEXT_ALIASES: [(&str, &str); 7] = [
     ("layer_norm_eps", "rms_norm_eps"),
     ("weight_tying", "tie_word_embeddings"),
 ];
-
-/// OpenAI CLIP's mean and std, `MolmoImageProcessor`'s defaults.
-const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 
 /// The largest `max_crops` accepted (each crop is a ViT pass).
 const MAX_CROPS: usize = 64;
@@ -397,7 +394,8 @@ fn parse_processor(json: &str, vision: &VisionConfig) -> Result<ProcessorConfig,
         crop_size: base[0],
         patch_size: patch,
         tokens_side: th,
-        mean: per_channel("image_mean", CLIP_MEAN)?,
-        std: per_channel("image_std", CLIP_STD)?,
+        // `MolmoImageProcessor`'s defaults: OpenAI CLIP's.
+        mean: per_channel("image_mean", CLIP_MEAN.map(|x| x as f32))?,
+        std: per_channel("image_std", CLIP_STD.map(|x| x as f32))?,
     })
 }

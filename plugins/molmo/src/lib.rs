@@ -293,3 +293,206 @@ fn contract(config: &MolmoConfig, request: &ContractRequest) -> Result<PrefillPr
 }
 
 mlxcel_plugin_api::export_plugin!(Molmo);
+
+/// Fixture access for the unit tests.
+#[cfg(test)]
+mod testing {
+    use mlxcel_golden::{Fixture, Golden};
+
+    use crate::config::MolmoConfig;
+
+    pub(crate) fn fixture() -> Fixture {
+        Fixture::named("molmo").expect("the molmo fixture")
+    }
+
+    pub(crate) fn read(fixture: &str, name: &str) -> String {
+        let dir = Fixture::named(fixture).expect("fixture");
+        std::fs::read_to_string(dir.dir().join(name)).unwrap_or_default()
+    }
+
+    pub(crate) fn fixture_config() -> MolmoConfig {
+        MolmoConfig::parse(&read("molmo", "config.json"), &read("molmo", "preprocessor_config.json")).expect("parse")
+    }
+
+    pub(crate) fn golden(variant: &str) -> Golden {
+        fixture().golden(variant).expect("golden")
+    }
+
+    /// A fixture checkpoint's tensors, from its safetensors header.
+    pub(crate) fn index(fixture: &str) -> mlxcel_plugin_api::decoder::Index {
+        let dir = Fixture::named(fixture).expect("fixture");
+        let bytes = std::fs::read(dir.dir().join("model.safetensors")).expect("read");
+        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
+        header
+            .as_object()
+            .expect("object")
+            .iter()
+            .filter(|(k, _)| *k != "__metadata__")
+            .map(|(k, v)| {
+                let shape = v["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize);
+                let info = mlxcel_plugin_api::decoder::TensorInfo {
+                    dtype: v["dtype"].as_str().expect("dtype").to_owned(),
+                    shape: shape.collect(),
+                };
+                (k.clone(), info)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlxcel_plugin_api::decoder::graph::emit;
+    use mlxcel_plugin_api::decoder::{BundleShape, DecoderWeights, TextConfig};
+    use mlxcel_plugin_api::{CheckpointIndex, ItemMeta};
+
+    use super::*;
+    use crate::testing::{fixture_config, golden, index, read};
+
+    /// The spec reads the nested config (Molmo's names, the fused width halved), and every
+    /// tensor the decoder graph declares is found in allenai's names and in the MLX
+    /// community's, the head as `ff_out` under the root.
+    #[test]
+    fn the_decoder_reads_both_weight_namings() {
+        let spec = Molmo::decoder_spec(&fixture_config()).expect("spec").expect("molmo brings one");
+        let text = TextConfig::parse_with(&read("molmo", "config.json"), Some(&spec)).expect("reads");
+        assert_eq!((text.hidden, text.intermediate, text.layers, text.heads, text.kv_heads), (64, 128, 2, 4, 2));
+        assert_eq!((text.vocab, text.extra_vocab, text.table_rows()), (385, 16, 401));
+        assert!(text.qkv_bias && !text.qk_norm && !text.tied_embeddings);
+        assert!((text.rms_eps - 1e-6).abs() < 1e-12);
+        for (fixture, root) in [("molmo", "model.transformer."), ("molmo_mlx", "language_model.model.")] {
+            let index = index(fixture);
+            let names = DecoderWeights::resolve(&index, &text).expect("resolve");
+            assert!(names.original_names, "{fixture}");
+            assert_eq!(names.root, root);
+            assert_eq!(names.lm_head.as_deref(), Some(format!("{root}ff_out.weight").as_str()));
+            let shape = BundleShape { chunk: 32, capacity: 64, slots: 1 };
+            let mlir = emit(&text, &names, &index, shape, mlxcel_emit::NumericContract::f32(), mlxcel_emit::Elem::F32)
+                .expect("every declared tensor is in the checkpoint");
+            assert!(mlir.contains(&format!("{root}blocks.1.att_proj.bias")), "{fixture}");
+            assert!(mlir.contains(&format!("{root}blocks.0.ff_proj.weight")), "{fixture}");
+        }
+    }
+
+    /// allenai's Hub config for Molmo-7B-D (flat, transformers' names, no vision section)
+    /// reads as the same decoder and tower as mlx-vlm's nested defaults.
+    #[test]
+    fn the_hub_flat_config_reads_as_the_nested_defaults() {
+        let hub = serde_json::json!({
+            "architectures": ["MolmoForCausalLM"], "attention_layer_norm": false, "clip_qkv": null,
+            "embedding_size": 152064, "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 37888,
+            "layer_norm_eps": 1e-06, "layer_norm_type": "rms", "max_position_embeddings": 4096,
+            "model_type": "molmo", "norm_after": false, "num_attention_heads": 28, "num_hidden_layers": 28,
+            "num_key_value_heads": 4, "qkv_bias": true, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+            "torch_dtype": "float32", "use_cache": true, "use_position_ids": true, "vocab_size": 152064,
+            "weight_tying": false,
+        })
+        .to_string();
+        let nested = serde_json::json!({
+            "model_type": "molmo", "architectures": ["MolmoForCausalLM"],
+            "text_config": {"model_type": "molmo", "layer_norm_eps": 1e-6}, "vision_config": {"model_type": "molmo"},
+        })
+        .to_string();
+        let a = MolmoConfig::parse(&hub, "").expect("hub");
+        let b = MolmoConfig::parse(&nested, "").expect("nested");
+        assert_eq!(a.vision, b.vision);
+        assert_eq!(a.processor, b.processor);
+        assert_eq!((a.text_hidden_size, a.tokens.image_patch), (3584, 152_066));
+        assert_eq!(a.vision.feature_layers, vec![21, 14]);
+        let spec = Molmo::decoder_spec(&a).expect("spec").expect("spec");
+        let (ta, tb) = (
+            TextConfig::parse_with(&hub, Some(&spec)).expect("hub text"),
+            TextConfig::parse_with(&nested, Some(&spec)).expect("nested text"),
+        );
+        assert_eq!(
+            (ta.hidden, ta.intermediate, ta.layers, ta.heads, ta.kv_heads, ta.vocab, ta.extra_vocab),
+            (3584, 18944, 28, 28, 4, 152064, 128)
+        );
+        assert_eq!(
+            (ta.hidden, ta.intermediate, ta.layers, ta.heads, ta.kv_heads, ta.vocab, ta.extra_vocab, ta.rms_eps),
+            (tb.hidden, tb.intermediate, tb.layers, tb.heads, tb.kv_heads, tb.vocab, tb.extra_vocab, tb.rms_eps)
+        );
+    }
+
+    /// What the graphs cannot honour is refused, naming the field.
+    #[test]
+    fn unimplemented_variants_are_refused_naming_the_field() {
+        let config = read("molmo", "config.json");
+        let processor = read("molmo", "preprocessor_config.json");
+        let with = |section: &str, key: &str, value: serde_json::Value| {
+            let mut v: serde_json::Value = serde_json::from_str(&config).expect("json");
+            v[section][key] = value;
+            MolmoConfig::parse(&v.to_string(), &processor).expect_err(key).message.to_string()
+        };
+        for (section, key, value, says) in [
+            ("text_config", "qkv_bias", serde_json::json!(false), "qkv_bias"),
+            ("text_config", "attention_layer_norm", serde_json::json!(true), "Molmo-7B-O"),
+            ("text_config", "norm_after", serde_json::json!(true), "norm_after"),
+            ("text_config", "clip_qkv", serde_json::json!(8.0), "clip_qkv"),
+            ("text_config", "weight_tying", serde_json::json!(true), "weight_tying"),
+            ("text_config", "embedding_size", serde_json::json!(400), "embedding_size"),
+            ("text_config", "act_output_multiplier", serde_json::json!(1.0), "act_output_multiplier"),
+            ("text_config", "rope_impl", serde_json::json!("cockatoo"), "rope_impl"),
+            ("text_config", "model_type", serde_json::json!("olmoe"), "olmoe"),
+            ("vision_config", "image_pooling_2d", serde_json::json!("attention"), "image_pooling_2d"),
+            ("vision_config", "image_padding_embed", serde_json::json!("regress"), "image_padding_embed"),
+            ("vision_config", "image_num_pos", serde_json::json!(50), "image_num_pos"),
+            ("vision_config", "vit_layers", serde_json::json!([-4]), "vit_layers"),
+            ("vision_config", "image_num_key_value_heads", serde_json::json!(1), "key/value heads"),
+        ] {
+            let message = with(section, key, value);
+            assert!(message.contains(says), "{key}: {message}");
+        }
+        let mut p: serde_json::Value = serde_json::from_str(&processor).expect("json");
+        p["do_normalize"] = false.into();
+        let err = MolmoConfig::parse(&config, &p.to_string()).expect_err("do_normalize");
+        assert!(err.message.contains("do_normalize"), "{err}");
+        p["do_normalize"] = true.into();
+        p["image_token_length_w"] = 3.into();
+        let err = MolmoConfig::parse(&config, &p.to_string()).expect_err("tokens");
+        assert!(err.message.contains("tokens per crop"), "{err}");
+    }
+
+    /// The contract places the golden's image rows at its `<im_patch>` tokens, and refuses a
+    /// prompt whose image block has other ids than the config's.
+    #[test]
+    fn the_contract_holds_the_image_block_to_the_derived_ids() {
+        let config = fixture_config();
+        let g = golden("image");
+        let ids: Vec<u32> = g.input_ids().expect("ids").iter().map(|&i| i as u32).collect();
+        let sizes = g.meta()["image_sizes"][0].as_array().expect("size").clone();
+        let (w, h) = (sizes[0].as_u64().expect("w") as usize, sizes[1].as_u64().expect("h") as usize);
+        let tiling = processor::tiling(&config.processor, w, h);
+        let tokens = processor::patch_tokens(&config.processor, tiling);
+        let item = ItemMeta {
+            modality: Modality::Image,
+            grid: MediaGrid { dims: tiling.iter().map(|&d| d as u32).collect(), feature_tokens: tokens as u32 },
+        };
+        let request = ContractRequest { token_ids: ids.clone().into(), items: vec![item.clone()].into() };
+        let program = contract(&config, &request).expect("contract");
+        let TokenSet::List { indices } = &program.placements[0].tokens else { panic!("a list") };
+        let want: Vec<u32> = (0..ids.len() as u32).filter(|&i| ids[i as usize] == config.tokens.image_patch).collect();
+        assert_eq!(indices.as_slice(), want.as_slice());
+        let mut shifted = ids.clone();
+        shifted[0] += 100;
+        let request = ContractRequest { token_ids: shifted.into(), items: vec![item].into() };
+        let err = contract(&config, &request).expect_err("other ids");
+        assert!(err.message.contains("other ids"), "{err}");
+        let layout = layout(&config, &LayoutRequest { prompt: "User: hi".into(), items: RVec::new() }).expect("text");
+        assert_eq!(layout.text.as_str(), "User: hi");
+    }
+
+    #[test]
+    fn the_checkpoint_check_finds_every_encoder_weight_in_each_form() {
+        let config = fixture_config();
+        for fixture in ["molmo", "molmo_mlx"] {
+            let tensors: Vec<TensorSpec> = index(fixture)
+                .into_iter()
+                .map(|(k, t)| TensorSpec::new(k, DType::F32, &t.shape.iter().map(|&d| d as u64).collect::<Vec<_>>()))
+                .collect();
+            let report = Molmo::check_checkpoint(&config, &CheckpointIndex { tensors: tensors.into() }).expect("check");
+            assert!(report.problems.is_empty(), "{fixture}: {:?}", report.problems);
+        }
+    }
+}

@@ -167,12 +167,7 @@ pub(crate) fn process(image: &Image, p: &ProcessorConfig) -> Result<Processed, S
             for y in 0..tokens {
                 for x in 0..tokens {
                     let inside = (y0..y0 + rows).contains(&y) && (x0..x0 + cols).contains(&x);
-                    ordering.push(if inside {
-                        let k = next + ((y - y0) * cols + x - x0) as i64;
-                        k
-                    } else {
-                        -1
-                    });
+                    ordering.push(if inside { next + ((y - y0) * cols + x - x0) as i64 } else { -1 });
                 }
             }
             next += (rows * cols) as i64;
@@ -222,4 +217,65 @@ pub(crate) fn process(image: &Image, p: &ProcessorConfig) -> Result<Processed, S
     let mut image_masks = crop_masks;
     image_masks.extend(std::iter::repeat_n(-1f32, side * side));
     Ok(Processed { pixel_values, image_masks, crops: crops + 1, tiling, feature_order })
+}
+
+#[cfg(test)]
+mod tests {
+    use mlxcel_golden::Tolerance;
+
+    use super::*;
+    use crate::testing::{fixture, fixture_config, golden};
+
+    fn image(variant: &str) -> Image {
+        let g = golden(variant);
+        let path = g.meta()["images"][0].as_str().expect("image path").to_owned();
+        Image::decode(&std::fs::read(fixture().dir().join(path)).expect("read")).expect("decode")
+    }
+
+    /// The pixels and masks match the reference exactly, and each `<im_patch>` token takes the
+    /// feature `image_input_idx` puts at its position.
+    #[test]
+    fn every_stage_matches_the_goldens_exactly() {
+        let config = fixture_config();
+        // The plugins decode PNG only (the host decodes the other formats); image_jpeg goes through verify.
+        for variant in ["image", "long"] {
+            let g = golden(variant);
+            let out = process(&image(variant), &config.processor).expect("process");
+            g.check_f32("pixel_values", &out.pixel_values, Tolerance::abs(0.0)).expect("pixels");
+            g.check_f32("image_masks", &out.image_masks, Tolerance::abs(0.0)).expect("masks");
+            let idx = g.tensor("image_input_idx").expect("idx").to_i64().expect("ints");
+            let ids = g.input_ids().expect("ids");
+            let patch = i64::from(config.tokens.image_patch);
+            let positions: Vec<i64> = (0..ids.len() as i64).filter(|&i| ids[i as usize] == patch).collect();
+            let mut want = vec![-1i32; positions.len()];
+            for (slot, &at) in idx.iter().enumerate().filter(|(_, at)| **at >= 0) {
+                let rank = positions.binary_search(&at).expect("a patch token");
+                want[rank] = slot as i32;
+            }
+            assert_eq!(out.feature_order, want, "{variant}");
+            assert_eq!(patch_tokens(&config.processor, out.tiling), positions.len(), "{variant}");
+        }
+    }
+
+    /// Images thinner than a pixel on the canvas are refused; none panics, whatever its shape.
+    #[test]
+    fn extreme_shapes_are_processed_or_refused_without_panicking() {
+        let config = fixture_config();
+        let p = &config.processor;
+        for (w, h) in [(1, 1), (3, 2), (14, 14), (2000, 1), (1, 2000), (600, 20), (113, 112)] {
+            let img = Image::from_rgb8(w, h, vec![128; (w * h * 3) as usize]).expect("image");
+            match process(&img, p) {
+                Ok(out) => {
+                    assert_eq!(out.feature_order.len(), patch_tokens(p, out.tiling), "{w}x{h}");
+                    let mut sorted = out.feature_order.clone();
+                    sorted.sort_unstable();
+                    sorted.dedup();
+                    assert_eq!(sorted.len(), out.feature_order.len(), "{w}x{h}: a feature placed twice");
+                }
+                Err(e) => assert!(e.contains("has no pixels"), "{w}x{h}: {e}"),
+            }
+        }
+        let thin = Image::from_rgb8(2000, 1, vec![0; 6000]).expect("image");
+        assert!(process(&thin, p).is_err(), "a 2000x1 image scales to no rows");
+    }
 }

@@ -16,10 +16,7 @@ use crate::{Identity, Steps, WeightDtype, processor_section};
 /// The processor's defaults in transformers (`Qwen2VLImageProcessor`), used for absent keys.
 const DEFAULT_MIN_PIXELS: u64 = 56 * 56;
 const DEFAULT_MAX_PIXELS: u64 = 28 * 28 * 1280;
-/// OpenAI CLIP's mean and std as transformers writes them (Python floats, rounded to f32 by
-/// numpy when normalising).
-pub const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
-pub const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+pub use crate::clip::{CLIP_MEAN, CLIP_STD};
 
 /// The fields every Qwen-VL family varies on outside its vision tower.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
