@@ -46,14 +46,19 @@ fn recorded_divergence(name: &str) -> Option<String> {
         serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).expect("config"))
             .expect("json");
     config.get("quantization")?;
-    let architecture = config["architectures"][0].as_str().expect("architecture");
+    // The manifest accepting the config's architecture, or its model type when it names none.
+    let architecture = config["architectures"][0].as_str();
+    let model_type = config["model_type"].as_str().expect("model_type");
     let manifests = crate::support::workspace().join("manifests");
     let manifest = std::fs::read_dir(&manifests)
         .expect("manifests")
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "toml"))
         .map(|p| mlxcel_plugin_api::Manifest::from_file(&p).expect("manifest"))
-        .find(|m| m.accepts.architectures.iter().any(|a| a == architecture))
+        .find(|m| match architecture {
+            Some(architecture) => m.accepts.architectures.iter().any(|a| a == architecture),
+            None => m.accepts.model_types.iter().any(|t| t == model_type),
+        })
         .expect("a manifest accepts the fixture");
     let form = manifest.form("mlx_affine").unwrap_or_else(|| panic!("{name}: the manifest has no forms.mlx_affine"));
     match form.status {
@@ -178,7 +183,8 @@ fn bad_images_are_refused_clearly(name: &str) {
         std::fs::write(&path, bytes).expect("write");
         path
     };
-    let any_image = dir.join(&media(&golden_json(name, "image"))[0]);
+    // Every image fixture has the wide picture as a PNG input (the server's mixed batch sends it).
+    let any_image = dir.join("inputs/wide.png");
     let bytes = std::fs::read(&any_image).expect("png");
     let cases = [
         (write("truncated.png", &bytes[..60]), "cannot decode the png"),
