@@ -38,9 +38,20 @@ pub(crate) struct ChatRequest {
     pub(crate) logprobs: bool,
     pub(crate) top_logprobs: Option<u32>,
     pub(crate) n: Option<u32>,
+    /// OpenAI's bias per token id (a decimal string), in [-100, 100], added to the logits.
+    pub(crate) logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     /// Accepted for compatibility; identifies the caller only.
     #[allow(dead_code)]
     pub(crate) user: Option<String>,
+    /// Fields that change nothing about the output, accepted and logged (README: "What a
+    /// request may say"): whether OpenAI stores the completion (nothing is stored here), its
+    /// tags, the processing tier, and tool-call parallelism (tools themselves are refused).
+    pub(crate) store: Option<bool>,
+    #[allow(dead_code)]
+    pub(crate) metadata: Option<std::collections::BTreeMap<String, String>>,
+    pub(crate) service_tier: Option<String>,
+    #[allow(dead_code)]
+    pub(crate) parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -47,6 +47,8 @@ pub(crate) struct TextSide {
     pub(crate) template: ChatTemplate,
     /// The checkpoint's end-of-sequence ids.
     pub(crate) stop_tokens: Vec<u32>,
+    /// The decoder's logits per row: every token id below it can be biased.
+    pub(crate) vocab: usize,
 }
 
 /// What every route shares.
@@ -362,7 +364,13 @@ impl Options {
         let sampler = Sampler::new(params, r.seed.map(|s| s as u64))
             .map_err(|e| ApiError::invalid("invalid_value", e.to_string()))?
             .with_logprobs(top_logprobs)
-            .map_err(|e| ApiError::invalid("invalid_value", e.to_string()).param("top_logprobs"))?;
+            .map_err(|e| ApiError::invalid("invalid_value", e.to_string()).param("top_logprobs"))?
+            .with_logit_bias(logit_bias(r, text.vocab)?)
+            .map_err(|e| ApiError::invalid("invalid_value", e.to_string()).param("logit_bias"))?;
+        if r.store == Some(true) || r.service_tier.is_some() {
+            // Nothing is stored and every request is served alike; the client is told so in the log.
+            tracing::info!(store = ?r.store, service_tier = ?r.service_tier, "fields accepted that change nothing here");
+        }
         let stop_strings = r.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
         if stop_strings.len() > MAX_STOP_STRINGS {
             return Err(ApiError::invalid(
@@ -383,6 +391,27 @@ impl Options {
             stop_tokens,
         })
     }
+}
+
+/// The request's `logit_bias` as `(token, bias)`: each key a token id of the model's logits
+/// (below `vocab`), written in decimal.
+fn logit_bias(r: &ChatRequest, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = &r.logit_bias else { return Ok(Vec::new()) };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, &bias) in map {
+        let token = key.trim().parse::<u32>().ok().filter(|&t| (t as usize) < vocab).ok_or_else(|| {
+            ApiError::invalid(
+                "invalid_value",
+                format!(
+                    "logit_bias key {key:?} is not a token id of this model's vocabulary (0 to {})",
+                    vocab.saturating_sub(1)
+                ),
+            )
+            .param("logit_bias")
+        })?;
+        out.push((token, bias));
+    }
+    Ok(out)
 }
 
 /// Where an image's bytes come from.

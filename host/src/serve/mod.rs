@@ -112,7 +112,6 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     let tokenizer = Tokenizer::load(&dir)?;
     let template = ChatTemplate::load(&dir).context("a chat server needs the checkpoint's chat template")?;
     let stops = stop_tokens(&dir, &tokenizer)?;
-    let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops });
     let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
 
     // The plugin set lives as long as the process (plugin libraries are never unloaded), so
@@ -153,6 +152,11 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     let load_dir = dir.clone();
     let with_encoders = media.is_some();
     let spec = media.map(|m| m.decoder_spec()).transpose()?.flatten();
+    // The logits' width, which bounds `logit_bias` ids (it can exceed the tokenizer's vocabulary).
+    let vocab = mlxcel_decoder::TextConfig::load(&dir, spec.as_ref())
+        .with_context(|| format!("reading the text config of {}", dir.display()))?
+        .vocab;
+    let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops, vocab });
     let contract = args.compute.contract(args.allow_unqualified, with_encoders)?;
     let loader: engine::Loader = Box::new(move || {
         let compiler = Compiler::locate()?;

@@ -202,9 +202,11 @@ fn check_mixed_batch(server: &Server) {
     assert_eq!(got["alone"], got["together"]);
     let tokenizer = Tokenizer::load(&fixture_dir(&server.name)).expect("tokenizer");
     let batched = got["goldens_batched"].as_object().expect("golden variants");
-    // A family of one image per prompt (no two_images golden) sends its long image variant.
-    let two = fixture_dir(&server.name).join("goldens/two_images.json").exists();
-    for variant in ["image", if two { "two_images" } else { "long" }] {
+    // A family of one image per prompt (no two_images golden) sends its long image variant; a
+    // fixture without the PNG image variant, its JPEG one.
+    let has = |variant: &str| fixture_dir(&server.name).join(format!("goldens/{variant}.json")).exists();
+    let first = if has("image") { "image" } else { "image_jpeg" };
+    for variant in [first, if has("two_images") { "two_images" } else { "long" }] {
         assert!(batched.contains_key(variant), "{}: {variant} was not in the batch", server.name);
     }
     // Every golden variant in the batch, the fixture's images sent as JPEG, WebP and
@@ -259,6 +261,13 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
 
     let got = server.scenario("cancel");
     assert_eq!(got["chunks_read"], 3, "{got}");
+
+    // logit_bias and the fields that change nothing, whole and streamed (the script asserts
+    // the tokens); each bad bias is a 400 naming the field.
+    let got = server.scenario("client_fields");
+    for case in ["bias_out_of_range", "bias_unknown_token", "bias_not_an_id"] {
+        assert!(got[case].as_str().unwrap_or_default().contains("logit_bias"), "{case}: {got}");
+    }
 
     let got = server.scenario("errors");
     let message = got["over_capacity"].as_str().unwrap_or_default();

@@ -124,8 +124,9 @@ def scenario_models(client, args):
 
 
 def mixed_requests(args):
-    """Eight requests: text and image, greedy and seeded sampling, two of them golden variants (image, and
-    two_images or, for a family of one image per prompt, long); then the golden
+    """Eight requests: text and image, greedy and seeded sampling, two of them golden variants (image, or
+    image_jpeg where the fixture has no image, and two_images or, for a family of one image per prompt, long);
+    then the golden
     variants sent as JPEG, WebP and EXIF-rotated JPEG, where the fixture has them."""
     wide = data_url(args.fixture / "inputs" / "wide.png")
     images = sorted((args.fixture / "inputs").glob("*.png"))
@@ -133,9 +134,11 @@ def mixed_requests(args):
     requests = []
     for i in range(8):
         if i in (3, 6):
-            # A family taking one image per prompt (Molmo) sends its long image variant instead.
-            second = "two_images" if (args.fixture / "goldens" / "two_images.json").exists() else "long"
-            variant = "image" if i == 3 else second
+            # A family taking one image per prompt (Molmo) sends its long image variant instead of
+            # two_images; a fixture without the PNG image variant (molmo_mlx_q4) its JPEG one.
+            has = lambda v: (args.fixture / "goldens" / f"{v}.json").exists()
+            first = "image" if has("image") else "image_jpeg"
+            variant = first if i == 3 else ("two_images" if has("two_images") else "long")
             golden = json.loads((args.fixture / "goldens" / f"{variant}.json").read_text())
             params = {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY}
             requests.append((variant, golden_messages(args.fixture, golden), params))
@@ -201,6 +204,44 @@ def scenario_text_goldens(client, args):
         variant = variants[i % len(variants)]
         assert tokens == alone[variant], f"{variant}: alone {alone[variant]!r}, batched {tokens!r}"
     return alone
+
+
+def scenario_client_fields(client, args):
+    """logit_bias bans and forces tokens, whole and streamed; fields that change nothing (store, metadata,
+    service_tier, parallel_tool_calls) leave the tokens as they are; bad biases are 400s naming logit_bias."""
+    golden = json.loads((args.fixture / "goldens" / "text_only.json").read_text())
+    messages, greedy = golden["messages"], golden["greedy_tokens"]
+
+    def tokens(stream=False, **params):
+        kwargs = dict(model=args.model, messages=messages, logprobs=True, extra_body=IGNORE_EOS, temperature=0, max_tokens=6)
+        kwargs.update(params)
+        if not stream:
+            return [e.token for e in client.chat.completions.create(**kwargs).choices[0].logprobs.content]
+        out = []
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+                out.extend(e.token for e in chunk.choices[0].logprobs.content)
+        return out
+
+    base = tokens()
+    seen = {"base": base}
+    for stream in (False, True):
+        banned = tokens(stream, logit_bias={str(greedy[0]): -100})
+        assert banned[0] != base[0], (banned, base)
+        forced = tokens(stream, logit_bias={str(greedy[3]): 100})
+        assert forced == [base[3]] * len(forced), (forced, base)
+        # Sampling at temperature 1.5 cannot escape a +100 bias either.
+        hot = tokens(stream, logit_bias={str(greedy[3]): 100}, temperature=1.5, seed=7)
+        assert hot == forced, (hot, forced)
+        seen["stream" if stream else "whole"] = {"banned": banned, "forced": forced}
+    harmless = tokens(store=True, metadata={"team": "a"}, service_tier="auto", parallel_tool_calls=False)
+    assert harmless == base, (harmless, base)
+    hi = [{"role": "user", "content": "hi"}]
+    bad = lambda bias: lambda: client.chat.completions.create(model=args.model, messages=hi, max_tokens=2, logit_bias=bias)
+    seen["bias_out_of_range"] = expect_error(400, "invalid_value", bad({"5": 101}))
+    seen["bias_unknown_token"] = expect_error(400, "invalid_value", bad({"99999999": 1}))
+    seen["bias_not_an_id"] = expect_error(400, "invalid_value", bad({"hello": 1}))
+    return seen
 
 
 def metric(base, name):
