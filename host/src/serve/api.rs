@@ -106,7 +106,8 @@ pub(crate) enum ContentPart {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ImageUrl {
     pub(crate) url: String,
-    /// OpenAI's resolution hint; only `auto` (the family's own resolution) is served.
+    /// OpenAI's resolution hint; `auto` and `high` (the family's own resolution) are served,
+    /// `low` is refused.
     pub(crate) detail: Option<String>,
 }
 

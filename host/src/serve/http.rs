@@ -453,12 +453,15 @@ fn messages(
                     match part {
                         ContentPart::Text { text } => out.push(Part { kind: "text".to_owned(), text: Some(text) }),
                         ContentPart::ImageUrl { image_url } => {
+                            // `auto` and `high` are the family's own resolution; `low` would
+                            // need a smaller pixel budget through the family's resize rule.
                             if let Some(detail) = image_url.detail.as_deref()
                                 && detail != "auto"
+                                && detail != "high"
                             {
                                 return Err(ApiError::invalid(
                                     "unsupported_value",
-                                    format!("image detail `{detail}` is not served; the family's processor sets the resolution (omit detail or send \"auto\")"),
+                                    format!("image detail `{detail}` is not served; the family's processor sets the resolution (omit detail, or send \"auto\" or \"high\")"),
                                 )
                                 .param("messages"));
                             }

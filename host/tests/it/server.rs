@@ -268,6 +268,7 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     for case in ["bias_out_of_range", "bias_unknown_token", "bias_not_an_id"] {
         assert!(got[case].as_str().unwrap_or_default().contains("logit_bias"), "{case}: {got}");
     }
+    assert!(got["detail_low"].as_str().unwrap_or_default().contains("image detail `low`"), "{got}");
 
     let got = server.scenario("errors");
     let message = got["over_capacity"].as_str().unwrap_or_default();

@@ -236,6 +236,19 @@ def scenario_client_fields(client, args):
         seen["stream" if stream else "whole"] = {"banned": banned, "forced": forced}
     harmless = tokens(store=True, metadata={"team": "a"}, service_tier="auto", parallel_tool_calls=False)
     assert harmless == base, (harmless, base)
+    # Image detail: auto and high are the family's own resolution (the same tokens as none); low is refused.
+    wide = data_url(args.fixture / "inputs" / "wide.png")
+
+    def with_image(detail):
+        url = {"url": wide} if detail is None else {"url": wide, "detail": detail}
+        content = [{"type": "image_url", "image_url": url}, {"type": "text", "text": "Describe it."}]
+        kwargs = dict(model=args.model, messages=[{"role": "user", "content": content}], logprobs=True, temperature=0, max_tokens=6)
+        return lambda: [e.token for e in client.chat.completions.create(**kwargs).choices[0].logprobs.content]
+
+    plain = with_image(None)()
+    for detail in ("auto", "high"):
+        assert with_image(detail)() == plain, detail
+    seen["detail_low"] = expect_error(400, "unsupported_value", with_image("low"))
     hi = [{"role": "user", "content": "hi"}]
     bad = lambda bias: lambda: client.chat.completions.create(model=args.model, messages=hi, max_tokens=2, logit_bias=bias)
     seen["bias_out_of_range"] = expect_error(400, "invalid_value", bad({"5": 101}))
