@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B or Molmo2-4B checkpoint: the real model's dimensions,
-random weights, Hugging Face layout.
+"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B, Molmo2-4B or Molmo-7B-D checkpoint: the real model's
+dimensions, random weights, Hugging Face layout.
 
 Every system under comparison loads the same bytes: config.json, sharded safetensors with their index,
 tokenizer.json (a small byte-level BPE whose special tokens sit at the real Qwen-VL ids, and whose vocab is
@@ -61,6 +61,29 @@ chat template, processor_config.json and generation_config.json (greedy, eos 151
               where Qwen3-4B's base has 1e6, the adapter's MLP 9728 into 2560, <im_low> at 151942, "HF config
               says 27 but weights only have 25"); SigLIP 2 so400m-patch14-384's at 378 (ViT); transformers 5.24's
               Molmo2 config defaults and legacy hooks (from Molmo2-8B: vit_layers [-3, -9] of 27, the token ids).
+  molmo       Molmo-7B-D (allenai/Molmo-7B-D-0924, MolmoForCausalLM, model_type molmo: the smallest public Molmo v1
+              the molmo plugin serves; MolmoE-1B is a mixture of experts and is refused): a Qwen2-7B decoder, 28
+              layers of width 3584 (28 heads of 128, 4 KV heads, biased fused q/k/v, fused up+gate projection of
+              2 x 18944 rows, rope_theta 1e6, RMS eps 1e-6), a 152064-row token table plus 128 additional rows
+              (the image tokens), an untied head (ff_out); a CLIP ViT-L/14 at 336x336 (width 1024, 16 heads of
+              64, MLP 4096, 23 layers of which the adapter reads -2 and -9, so 22 run, a 577-row position table),
+              2x2 attention pooling (mean query) over the two concatenated layers (2048 wide) and a SwiGLU
+              projector (18944) into 3584. transformers has no Molmo v1: the checkpoint is in the form mlx-vlm
+              0.7.10's models/molmo reads (its ModelConfig's defaults are Molmo-7B-D's), which is the one the
+              plugin's fixture (tools/oracle/gen_molmo.py) has: config.json nested (text_config with d_model,
+              n_heads, n_kv_heads, n_layers, mlp_hidden_size = the fused up+gate rows, embedding_size,
+              additional_vocab_size; vision_config with image_emb_dim, image_num_layers, vit_layers, ...), the
+              tensors under allenai's names (model.transformer.*, model.vision_backbone.*, which mlx-vlm's
+              sanitize maps) with their shapes taken from mlx-vlm's own Model built at this config (lazily, never
+              evaluated), preprocessor_config.json as Molmo-7B-D's (max_crops 12, overlap_margins [4, 4],
+              336x336 crops of 14-pixel patches, 12x12 tokens per crop). Tokenizer: the Qwen specials above and
+              <im_start>, <im_end>, <im_patch>, <im_col>, <|image|> right after the 152064-row table (the plugin
+              derives their ids so, as Molmo's tokenizer places them); eos <|endoftext|>; the fixture's
+              "User: ... Assistant:" chat template (gen_molmo.CHAT_TEMPLATE; the processor puts the image tokens
+              before the text, and adds no BOS). --vision-blocks counts the declared ViT layers (image_num_layers,
+              23 at full depth); a tower of m < 9 layers reads layers -1 and 0 instead of -2 and -9. Directory
+              molmo-7b-d-<dtype>-L<n>-V<m>. Drawn tensor by tensor with randomize_mlx's scheme (numpy, sorted
+              names, seed 1235) and written in shards as it goes, so the build holds about one shard.
 
 Run with the oracle venv's python (torch, transformers 5.24):
 
@@ -71,6 +94,7 @@ Run with the oracle venv's python (torch, transformers 5.24):
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family qwen3_vl --dtype f32 --text-layers 2 --vision-blocks 2
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo2        # 36 text / 25 vision, bf16
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo2 --text-layers 2 --vision-blocks 2
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo --text-layers 4   # 4 of 28, full ViT
 
 Prints the checkpoint directory (default under ~/.cache/mlxcel/bench/); an existing complete directory is
 kept unless --force. Weights: seed 1235, matrices N(0, 1/fan_in), vectors default + N(0, 0.1) (the oracle's
@@ -107,11 +131,14 @@ SPECIALS = {
 }
 VOCAB = 151936  # embedding rows of the real model (ids past the last special are padding rows)
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "molmo2")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "molmo2", "molmo")
 # Each family's real model: the directory name's stem and its full depth (text layers, vision blocks; Molmo2's
 # vision blocks are the ViT layers stored and run, 25 of the 27 its config declares).
-MODEL_NAME = {"qwen2_vl": "qwen2vl-2b", "qwen2_5_vl": "qwen2_5_vl-3b", "qwen3_vl": "qwen3_vl-2b", "molmo2": "molmo2-4b"}
-FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32), "qwen3_vl": (28, 24), "molmo2": (36, 25)}
+MODEL_NAME = {"qwen2_vl": "qwen2vl-2b", "qwen2_5_vl": "qwen2_5_vl-3b", "qwen3_vl": "qwen3_vl-2b", "molmo2": "molmo2-4b",
+              "molmo": "molmo-7b-d"}
+# Molmo's vision blocks are the declared ViT layers (image_num_layers), of which the deepest feature layer and
+# those before it run (22 of 23 for vit_layers [-2, -9]).
+FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32), "qwen3_vl": (28, 24), "molmo2": (36, 25), "molmo": (28, 23)}
 # Qwen3-VL-2B-Instruct's DeepStack blocks (vision_config.deepstack_visual_indexes) of its 24.
 QWEN3_VL_DEEPSTACK = (5, 11, 17)
 
@@ -356,7 +383,7 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
             raise RuntimeError(f"filler {piece} collides with a trained piece")
         vocab[piece] = i
     template = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-    specials = {**SPECIALS, **(MOLMO2_SPECIALS if family == "molmo2" else {})}
+    specials = {**SPECIALS, **({"molmo2": MOLMO2_SPECIALS, "molmo": MOLMO_SPECIALS}.get(family, {}))}
     spec["added_tokens"] = [dict(template, id=i, content=t) for t, i in specials.items()]
     for t, i in specials.items():
         vocab[t] = i
@@ -364,6 +391,8 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
     for t, i in specials.items():
         assert tok.token_to_id(t) == i, t
     probe = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this image.<|im_end|>\n"
+    if family == "molmo":
+        probe = "<im_start><im_patch><im_col><im_end>User: Describe this image.\nAssistant:"
     if family == "molmo2":
         probe = ("<|endoftext|><|im_start|>user\n<low_res_im_start><im_patch><im_col><im_end><im_start><im_patch>"
                  "<im_end>Describe this image.<|im_end|>\n")
@@ -371,6 +400,8 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
     if family == "molmo2":
         hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                      image_token="<|image|>", video_token="<|video|>")
+    elif family == "molmo":
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     else:
         hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf.chat_template = chat_template
@@ -458,6 +489,144 @@ def molmo2_fix_embedding_split(ckpt: Path, vocab: int) -> None:
     shards[where[extra]][0][extra] = full[vocab:].clone()
     for name, (tensors, metadata) in shards.items():
         save_file(tensors, ckpt / name, metadata=metadata)
+
+
+# ------------------------------------------------------------------------------------------------
+# Molmo (v1): Molmo-7B-D, in the form mlx-vlm's models/molmo reads (transformers has no Molmo v1)
+
+MOLMO_VOCAB = 152064  # Molmo-7B-D's token table (embedding_size = vocab_size), the head's rows
+MOLMO_ADDITIONAL_VOCAB = 128
+# Molmo's image tokens right after the table, in the order the plugin derives their ids (<im_start>, <im_end>,
+# <im_patch>, <im_col>), then <|image|>.
+MOLMO_SPECIALS = {t: MOLMO_VOCAB + i for i, t in enumerate(["<im_start>", "<im_end>", "<im_patch>", "<im_col>",
+                                                             "<|image|>"])}
+# Molmo-7B-D's preprocessor_config.json fields that mlx-vlm's MolmoProcessor and the plugin read.
+MOLMO_PREPROCESSOR = {
+    "max_crops": 12, "overlap_margins": [4, 4], "base_image_input_size": [336, 336], "image_token_length_w": 12,
+    "image_token_length_h": 12, "image_patch_size": 14, "image_padding_mask": True, "do_normalize": True,
+}
+
+
+def molmo_config(text_layers: int, vision_blocks: int, dtype: str) -> dict:
+    """Molmo-7B-D's config.json in mlx-vlm's nested form (the fixture's), at the given depth, naming the stored
+    dtype."""
+    return {
+        "architectures": ["MolmoForCausalLM"], "model_type": "molmo",
+        "torch_dtype": {"f32": "float32", "bf16": "bfloat16"}[dtype], "eos_token_id": [SPECIALS["<|endoftext|>"]],
+        "text_config": {
+            "model_type": "molmo", "d_model": 3584, "n_heads": 28, "n_kv_heads": 4, "n_layers": text_layers,
+            "mlp_hidden_size": 37888, "mlp_ratio": 4, "act_output_multiplier": 0.5, "vocab_size": MOLMO_VOCAB,
+            "embedding_size": MOLMO_VOCAB, "additional_vocab_size": MOLMO_ADDITIONAL_VOCAB,
+            "max_position_embeddings": 4096, "max_sequence_length": 4096, "rope_theta": 1000000.0,
+            "layer_norm_eps": 1e-6, "qkv_bias": True, "weight_tying": False,
+        },
+        "vision_config": {
+            "model_type": "molmo", "image_default_input_size": [336, 336], "image_patch_size": 14,
+            "image_pos_patch_size": 14, "hidden_size": 18944, "image_emb_dim": 1024, "image_num_heads": 16,
+            "image_num_key_value_heads": 16, "image_num_layers": vision_blocks, "image_head_dim": 64,
+            "image_mlp_dim": 4096, "image_mlp_activations": "gelu", "image_num_pos": 577, "image_norm_eps": 1e-5,
+            "d_model": 3584, "image_pooling_h": 2, "image_pooling_w": 2,
+            "vit_layers": [-2, -9] if vision_blocks >= 9 else [-1, -vision_blocks],
+            "image_pooling_2d": "attention-meanq", "image_padding_embed": "pad_and_partial_pad",
+        },
+    }
+
+
+def molmo_tokenizer():
+    """gen_ckpt's byte-level BPE with the Qwen specials, Molmo's image tokens after the 152064-row table, eos
+    <|endoftext|>, the fixture's chat template."""
+    import gen_molmo  # tools/oracle
+
+    return tokenizer(gen_molmo.CHAT_TEMPLATE, "molmo")
+
+
+def build_molmo(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str) -> dict:
+    """Molmo-7B-D at the given depth: names and shapes from mlx-vlm's Model (built lazily, never evaluated but for
+    the vectors' defaults), each tensor drawn as common.randomize_mlx draws it (numpy, sorted names, seed 1235),
+    cast and written in shards of at most `shard` as it goes."""
+    import common
+    import gen_molmo
+    import mlx.core as mx
+    import mlx_vlm.models.molmo as molmo
+    import numpy as np
+    import torch
+    from mlx.utils import tree_flatten
+    from mlx_vlm.utils import update_module_configs
+    from safetensors.torch import save_file
+
+    cfg_json = molmo_config(text_layers, vision_blocks, dtype)
+    timings = {}
+    t = time.perf_counter()
+    cfg = molmo.ModelConfig.from_dict(cfg_json)
+    cfg = update_module_configs(cfg, molmo, json.loads(json.dumps(cfg_json)), ["text", "vision"])
+    model = molmo.Model(cfg)
+    params = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])
+    timings["construct_s"] = time.perf_counter() - t
+    limit = int(float(shard.rstrip("GB")) * 1e9) if shard.endswith("GB") else int(shard)
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    rng = np.random.default_rng(common.SEED + 1)
+    shards, current, size, weight_map, total = [], {}, 0, {}, 0
+    counts = {"total": 0, "text": 0, "vision": 0}
+
+    def flush():
+        nonlocal current, size
+        if current:
+            name = f"model-{len(shards) + 1:05d}.safetensors"
+            save_file(current, str(tmp / name), metadata={"format": "pt"})
+            shards.append(name)
+            weight_map.update({k: name for k in current})
+            current, size = {}, 0
+
+    t = time.perf_counter()
+    for name, p in params:
+        if p.ndim >= 2:
+            fan_in = int(np.prod(p.shape[1:]))
+            v = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(fan_in**0.5)
+        else:
+            v = np.array(p.astype(mx.float32)) + rng.standard_normal(p.shape, dtype=np.float32) * np.float32(0.1)
+        tensor = torch.from_numpy(v).to(torch_dtype).contiguous()
+        del v
+        nbytes = tensor.numel() * tensor.element_size()
+        if size and size + nbytes > limit:
+            flush()
+        key = gen_molmo.to_allenai(name)
+        current[key] = tensor
+        size += nbytes
+        total += nbytes
+        counts["total"] += tensor.numel()
+        counts["vision" if key.startswith("model.vision_backbone.") else "text"] += tensor.numel()
+    flush()
+    timings["fill_and_save_s"] = time.perf_counter() - t
+    # Renumber as HF does (model-0000i-of-0000n), with the index.
+    n = len(shards)
+    renamed = {}
+    for i, name in enumerate(shards):
+        new = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        (tmp / name).rename(tmp / new)
+        renamed[name] = new
+    weight_map = {k: renamed[v] for k, v in sorted(weight_map.items())}
+    (tmp / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+    (tmp / "config.json").write_text(json.dumps(cfg_json, indent=1) + "\n")
+    (tmp / "preprocessor_config.json").write_text(json.dumps(MOLMO_PREPROCESSOR, indent=1) + "\n")
+    molmo_tokenizer().save_pretrained(tmp)
+    # What the plugin reads of the checkpoint must be what mlx-vlm builds from it: the shapes it would load.
+    want = {gen_molmo.to_allenai(k): tuple(p.shape) for k, p in params}
+    assert want["model.transformer.wte.embedding"] == (MOLMO_VOCAB, 3584)
+    assert want["model.transformer.blocks.0.ff_proj.weight"] == (37888, 3584)
+    files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+    info = {
+        "generator": "tools/bench/gen_ckpt.py", "family": "molmo", "dtype": dtype, "text_layers": text_layers,
+        "vision_blocks": vision_blocks, "params": counts, "bytes": sum(files.values()), "files": files,
+        "seed": common.SEED, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+    }
+    (tmp / DONE).write_text(json.dumps(info, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return info
 
 
 def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str, family: str = "qwen2_vl") -> dict:
@@ -591,7 +760,10 @@ def ensure(dtype: str = "bf16", text_layers: int | None = None, vision_blocks: i
     if force or not (out / DONE).exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         print(f"gen_ckpt: building {out}", file=sys.stderr, flush=True)
-        info = build(out, dtype, text_layers, vision_blocks, shard, family)
+        if family == "molmo":
+            info = build_molmo(out, dtype, text_layers, vision_blocks, shard)
+        else:
+            info = build(out, dtype, text_layers, vision_blocks, shard, family)
         print(f"gen_ckpt: {info['bytes'] / 1e9:.2f} GB, {info['params']['total']:,} parameters, "
               f"{info['timings_s']}", file=sys.stderr, flush=True)
     return out
@@ -601,15 +773,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=FAMILIES, default="qwen2_vl",
                     help="qwen2_vl: Qwen2-VL-2B's shape; qwen2_5_vl: Qwen2.5-VL-3B's; qwen3_vl: Qwen3-VL-2B's; "
-                         "molmo2: Molmo2-4B's (default %(default)s)")
+                         "molmo2: Molmo2-4B's; molmo: Molmo-7B-D's (default %(default)s)")
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--text-layers", type=int,
-                    help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl, 28 qwen3_vl, 36 molmo2)")
+                    help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl, 28 qwen3_vl, 36 molmo2, 28 molmo)")
     ap.add_argument("--vision-blocks", type=int,
-                    help="default: the real model's (32; 24 qwen3_vl; 25 molmo2, the ViT layers stored and run)")
+                    help="default: the real model's (32; 24 qwen3_vl; 25 molmo2, the ViT layers stored and run; "
+                         "23 molmo, the declared ViT layers)")
     ap.add_argument("--out", type=Path, help="default: ~/.cache/mlxcel/bench/qwen2vl-2b-<dtype>-L<n>-V<m> "
-                                             "(qwen2_5_vl-3b-..., qwen3_vl-2b-... and molmo2-4b-... for the other "
-                                             "families)")
+                                             "(qwen2_5_vl-3b-..., qwen3_vl-2b-..., molmo2-4b-... and "
+                                             "molmo-7b-d-... for the other families)")
     ap.add_argument("--shard-size", default="2GB", help="max_shard_size for save_pretrained")
     ap.add_argument("--force", action="store_true", help="rebuild even when a complete checkpoint is there")
     args = ap.parse_args()
