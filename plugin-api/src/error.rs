@@ -31,6 +31,16 @@ pub enum Error {
         problem: String,
     },
 
+    /// A plugin directory, manifest or library others could change or that leads out of the
+    /// directory, refused unless the host was told to allow it.
+    #[error("{} {reason}; refused (a plugin runs inside the host: make it writable by its owner only and keep it inside the plugin directory, or pass --allow-unsafe-plugin-dir)", path.display())]
+    UnsafePath {
+        /// The directory or file.
+        path: PathBuf,
+        /// What is unsafe about it, lowercase.
+        reason: String,
+    },
+
     /// A shared library in the plugin directory that no manifest names.
     #[error("no manifest names library {}", path.display())]
     NoManifest {

@@ -36,7 +36,9 @@ pub use crate::abi::{VERSION_SYMBOL_NAME, VersionSymbol};
 pub use crate::error::{ALLOW_UNQUALIFIED_FLAG, Error, Result};
 pub use crate::guest::{FamilyPlugin, ParsedConfig};
 #[cfg(feature = "host")]
-pub use crate::loader::{LoadedPlugin, PluginSet, QualificationPolicy, Rejection, check_capability, load_plugin, scan};
+pub use crate::loader::{
+    DirPolicy, LoadedPlugin, PluginSet, QualificationPolicy, Rejection, check_capability, load_plugin, scan, scan_with,
+};
 pub use crate::manifest::{Manifest, Status};
 pub use crate::types::*;
 pub use crate::version::{API_VERSION, ApiVersion, ParseApiVersionError, SUPPORTED_VERSIONS};

@@ -1,7 +1,12 @@
 //! The host side: scanning a plugin directory, loading each plugin through every check, calling
 //! its entries, and gating capabilities by qualification status.
 //!
+//! A directory others can write to is refused before anything in it is read, unless
+//! [`DirPolicy::allow_unsafe`] says otherwise.
+//!
 //! Loading one plugin, in order (a failure at any step skips the plugin with its reason):
+//! 0. the manifest and the library are inside the directory (no symlink leads out) and
+//!    writable by their owner only, unless [`DirPolicy::allow_unsafe`];
 //! 1. parse and validate the manifest (no library access yet);
 //! 2. check the manifest's plugin-api version against this host;
 //! 3. hash the library and compare with the manifest's sha256;
@@ -34,6 +39,63 @@ use crate::version::{API_VERSION, ApiVersion, SUPPORTED_VERSIONS};
 pub struct QualificationPolicy {
     /// Set by `--allow-unqualified`: serve `experimental` capabilities too.
     pub allow_unqualified: bool,
+}
+
+/// What the loader requires of where plugins come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DirPolicy {
+    /// Set by `--allow-unsafe-plugin-dir`: load from a directory, manifests and libraries that
+    /// others can write to, and through symlinks that leave the directory.
+    pub allow_unsafe: bool,
+}
+
+impl DirPolicy {
+    /// Refuses `dir` when others can write to it (they could swap a library in).
+    fn check_dir(self, dir: &Path) -> Result<()> {
+        if self.allow_unsafe {
+            return Ok(());
+        }
+        let meta = std::fs::metadata(dir).map_err(|source| Error::Io { path: dir.to_owned(), source })?;
+        if world_writable(&meta) {
+            return Err(Error::UnsafePath { path: dir.to_owned(), reason: "is writable by every user".into() });
+        }
+        Ok(())
+    }
+
+    /// Refuses `file` when it resolves outside `dir` (a symlink leading out) or others can
+    /// write to it.
+    fn check_file(self, file: &Path, dir: &Path) -> Result<()> {
+        if self.allow_unsafe {
+            return Ok(());
+        }
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Io { path, source }
+        };
+        let (real, home) = (file.canonicalize().map_err(io(file))?, dir.canonicalize().map_err(io(dir))?);
+        if real.parent() != Some(home.as_path()) {
+            return Err(Error::UnsafePath {
+                path: file.to_owned(),
+                reason: format!("resolves to {}, outside the plugin directory {}", real.display(), home.display()),
+            });
+        }
+        let meta = std::fs::metadata(&real).map_err(io(&real))?;
+        if world_writable(&meta) {
+            return Err(Error::UnsafePath { path: file.to_owned(), reason: "is writable by every user".into() });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn world_writable(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    meta.permissions().mode() & 0o002 != 0
+}
+
+#[cfg(not(unix))]
+fn world_writable(_meta: &std::fs::Metadata) -> bool {
+    false
 }
 
 /// A plugin that passed every load check.
@@ -91,9 +153,16 @@ pub struct PluginSet {
     rejected: Vec<Rejection>,
 }
 
-/// Loads every plugin in `dir`: each `*.toml` manifest with the library it names. Libraries
-/// no manifest names are reported too. Fails only if `dir` cannot be listed.
+/// Loads every plugin in `dir` under the default [`DirPolicy`] (see [`scan_with`]).
 pub fn scan(dir: &Path) -> Result<PluginSet> {
+    scan_with(dir, DirPolicy::default())
+}
+
+/// Loads every plugin in `dir`: each `*.toml` manifest with the library it names. Libraries
+/// no manifest names are reported too. Fails only if `dir` cannot be listed or `policy`
+/// refuses it.
+pub fn scan_with(dir: &Path, policy: DirPolicy) -> Result<PluginSet> {
+    policy.check_dir(dir)?;
     let io = |source| Error::Io { path: dir.to_owned(), source };
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io)?
@@ -108,7 +177,7 @@ pub fn scan(dir: &Path) -> Result<PluginSet> {
         if let Ok(manifest) = Manifest::from_file(path) {
             named_libraries.push(dir.join(&manifest.plugin.library));
         }
-        match load_plugin(path) {
+        match load_plugin_in(path, policy) {
             Ok(plugin) => set.plugins.push(plugin),
             Err(error) => {
                 let plugin = manifest_name(path);
@@ -137,8 +206,17 @@ fn manifest_name(path: &Path) -> Option<String> {
     value.get("plugin")?.get("name")?.as_str().map(str::to_owned)
 }
 
-/// Loads one plugin from its manifest, through every check in the module docs.
+/// Loads one plugin from its manifest, through every check in the module docs, under the
+/// default [`DirPolicy`]; its directory is checked as [`scan_with`] checks one.
 pub fn load_plugin(manifest_path: &Path) -> Result<LoadedPlugin> {
+    let policy = DirPolicy::default();
+    policy.check_dir(manifest_path.parent().unwrap_or(Path::new(".")))?;
+    load_plugin_in(manifest_path, policy)
+}
+
+fn load_plugin_in(manifest_path: &Path, policy: DirPolicy) -> Result<LoadedPlugin> {
+    let dir = manifest_path.parent().unwrap_or(Path::new("."));
+    policy.check_file(manifest_path, dir)?;
     let manifest = Manifest::from_file(manifest_path)?;
     let name = manifest.plugin.name.clone();
     let declared = manifest.plugin_api();
@@ -146,8 +224,8 @@ pub fn load_plugin(manifest_path: &Path) -> Result<LoadedPlugin> {
         return Err(incompatible(&name, declared));
     }
 
-    let dir = manifest_path.parent().unwrap_or(Path::new("."));
     let library_path = dir.join(&manifest.plugin.library);
+    policy.check_file(&library_path, dir)?;
     let bytes = std::fs::read(&library_path).map_err(|source| Error::Io { path: library_path.clone(), source })?;
     let actual = hex::encode(Sha256::digest(&bytes));
     if actual != manifest.plugin.sha256 {

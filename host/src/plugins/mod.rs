@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use mlxcel_plugin_api::{
-    ALLOW_UNQUALIFIED_FLAG, Error as PluginApiError, LoadedPlugin, Manifest, PluginSet, QualificationPolicy, Status,
-    scan,
+    ALLOW_UNQUALIFIED_FLAG, DirPolicy, Error as PluginApiError, LoadedPlugin, Manifest, PluginSet, QualificationPolicy,
+    Status, scan_with,
 };
 
 /// The environment variable naming the default plugin directory.
@@ -48,6 +48,11 @@ pub(crate) struct PluginDir {
     /// The plugin directory: libraries with their manifests [default: $MLXCEL_PLUGINS].
     #[arg(long = "plugins", value_name = "DIR", env = PLUGINS_ENV)]
     plugins: Option<PathBuf>,
+    /// Load plugins from a directory, manifests or libraries that other users can write to,
+    /// and through symlinks that lead out of the directory (refused by default: a plugin runs
+    /// inside the host).
+    #[arg(long)]
+    allow_unsafe_plugin_dir: bool,
 }
 
 impl PluginDir {
@@ -60,7 +65,18 @@ impl PluginDir {
         let Some(dir) = &self.plugins else {
             bail!("no plugin directory: pass --plugins <dir> or set {PLUGINS_ENV}");
         };
-        Ok((dir.clone(), scan(dir)?))
+        let set = scan_with(dir, DirPolicy { allow_unsafe: self.allow_unsafe_plugin_dir })?;
+        // What runs inside the host, by content: the hash each library was checked against.
+        for plugin in set.plugins() {
+            eprintln!(
+                "plugin {} {}: {} (sha256 {})",
+                plugin.name(),
+                plugin.manifest().plugin.version,
+                plugin.library_path().display(),
+                plugin.manifest().plugin.sha256
+            );
+        }
+        Ok((dir.clone(), set))
     }
 }
 

@@ -231,6 +231,53 @@ fn list_shows_loaded_plugins_and_every_rejection_with_its_reason() {
     assert!(out.contains("libstray.so: no manifest names library"), "{out}");
 }
 
+/// A directory others can write to is refused whole; a library others can write to, or one
+/// reached through a symlink out of the directory, is skipped with the reason; the flag lifts
+/// both. Every loaded library's sha256 is logged.
+#[test]
+fn unsafe_plugin_directories_and_libraries_are_refused_unless_allowed() {
+    use std::os::unix::fs::PermissionsExt;
+    let chmod =
+        |path: &Path, mode: u32| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    let list = |dir: &Path, allow: bool| {
+        let mut args = vec!["plugins", "list", "--plugins", path_str(dir)];
+        if allow {
+            args.push("--allow-unsafe-plugin-dir");
+        }
+        host(&args)
+    };
+
+    let dir = PluginDir::new();
+    let manifest = dir.install(GOOD);
+    let output = list(dir.path(), false);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let sha = Manifest::from_file(&manifest).expect("manifest").plugin.sha256;
+    assert!(stderr(&output).contains(&format!("(sha256 {sha})")), "{}", stderr(&output));
+
+    chmod(dir.path(), 0o777);
+    let output = list(dir.path(), false);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("is writable by every user"), "{}", stderr(&output));
+    assert!(stderr(&output).contains("--allow-unsafe-plugin-dir"), "{}", stderr(&output));
+    assert!(stdout(&list(dir.path(), true)).contains("1 loaded, 0 skipped"));
+    chmod(dir.path(), 0o755);
+
+    let library = dir.path().join(GOOD.library_file());
+    chmod(&library, 0o777);
+    let out = stdout(&list(dir.path(), false));
+    assert!(out.contains("0 loaded, 1 skipped") && out.contains("is writable by every user"), "{out}");
+    chmod(&library, 0o755);
+
+    // The library moved out and linked back in.
+    let outside = tempfile::tempdir().expect("temp dir");
+    let moved = outside.path().join(GOOD.library_file());
+    std::fs::rename(&library, &moved).expect("move");
+    std::os::unix::fs::symlink(&moved, &library).expect("symlink");
+    let out = stdout(&list(dir.path(), false));
+    assert!(out.contains("0 loaded, 1 skipped") && out.contains("outside the plugin directory"), "{out}");
+    assert!(stdout(&list(dir.path(), true)).contains("1 loaded, 0 skipped"));
+}
+
 #[test]
 fn the_capability_gate_refuses_unqualified_capabilities_and_names_the_flag() {
     let dir = PluginDir::new();
