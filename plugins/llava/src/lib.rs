@@ -140,19 +140,14 @@ mod tests {
 
     /// The fixture checkpoint's tensor index, read from its safetensors header.
     fn fixture_index() -> CheckpointIndex {
-        let path = mlxcel_golden::Fixture::named("llava").expect("fixture").dir().join("model.safetensors");
-        let bytes = std::fs::read(path).expect("read");
-        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
-        let tensors = header
-            .as_object()
-            .expect("object")
-            .iter()
-            .filter(|(k, _)| *k != "__metadata__")
-            .map(|(k, v)| {
-                let dtype =
-                    if v["dtype"] == "F32" { mlxcel_plugin_api::DType::F32 } else { mlxcel_plugin_api::DType::BF16 };
-                let shape: Vec<u64> = v["shape"].as_array().expect("shape").iter().filter_map(|d| d.as_u64()).collect();
+        let fixture = mlxcel_golden::Fixture::named("llava").expect("fixture");
+        let tensors = fixture
+            .checkpoint_tensors()
+            .expect("the checkpoint's header")
+            .into_iter()
+            .map(|(k, (dtype, shape))| {
+                let dtype = if dtype == "F32" { mlxcel_plugin_api::DType::F32 } else { mlxcel_plugin_api::DType::BF16 };
+                let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
                 TensorSpec::new(k.as_str(), dtype, &shape)
             })
             .collect();

@@ -221,22 +221,10 @@ mod testing {
 
     /// The fixture checkpoint's tensors, from its safetensors header.
     pub(crate) fn fixture_index() -> mlxcel_plugin_api::decoder::Index {
-        let bytes = std::fs::read(fixture().dir().join("model.safetensors")).expect("read");
-        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
-        header
-            .as_object()
-            .expect("object")
-            .iter()
-            .filter(|(k, _)| *k != "__metadata__")
-            .map(|(k, v)| {
-                let shape = v["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize);
-                let info = mlxcel_plugin_api::decoder::TensorInfo {
-                    dtype: v["dtype"].as_str().expect("dtype").to_owned(),
-                    shape: shape.collect(),
-                };
-                (k.clone(), info)
-            })
+        let tensors = fixture().checkpoint_tensors().expect("the checkpoint's header");
+        tensors
+            .into_iter()
+            .map(|(k, (dtype, shape))| (k, mlxcel_plugin_api::decoder::TensorInfo { dtype, shape }))
             .collect()
     }
 }

@@ -54,6 +54,19 @@ impl Fixture {
         &self.dir
     }
 
+    /// The checkpoint's tensors (`model.safetensors`) by name, from its header: the dtype as
+    /// safetensors spells it (`F32`, `BF16`, `U32`) and the shape.
+    pub fn checkpoint_tensors(&self) -> Result<BTreeMap<String, (String, Vec<usize>)>, Error> {
+        let path = self.dir.join("model.safetensors");
+        let bytes = read(&path)?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|source| Error::SafeTensors { path, source })?;
+        Ok(meta
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| (name, (format!("{:?}", info.dtype), info.shape.clone())))
+            .collect())
+    }
+
     /// Variant names, sorted (`short`, `long`, `image`, `two_images`, `text_only`, ...).
     pub fn variants(&self) -> Result<Vec<String>, Error> {
         let goldens = self.dir.join("goldens");
