@@ -3,11 +3,12 @@
 //!
 //! 1. **Tiling.** `select_tiling` (shared with Molmo2) picks `rows x cols` crops for the image
 //!    less the margins, each crop's window `crop - margins` patches.
-//! 2. **Resize and pad.** The image, as f32 in `[0, 1]` (`u8 / 255`), goes back to 8 bits by
-//!    truncating `x * 255` (which turns some values one lower), is resized with Pillow's
-//!    bilinear filter to fit the canvas (`int(side * min(scale))` in f32), read back as
-//!    `u8 / 255`, centred on a zero canvas with a mask of where it lies, and normalised
-//!    (`(x - mean) / std` in f32, the padding too).
+//! 2. **Resize and pad.** The image is resized with Pillow's bilinear filter to fit the canvas
+//!    (`int(side * min(scale))` in f32), read as `u8 / 255`, centred on a zero canvas with a
+//!    mask of where it lies, and normalised (`(x - mean) / std` in f32, the padding too). The
+//!    reference first takes the image to f32 (`u8 / 255`) and back to 8 bits (`x * 255`,
+//!    truncated) for Pillow; in f32 that round trip gives every one of the 256 values back
+//!    exactly, so the decoded pixels are resized as they are.
 //! 3. **Crops.** Overlapping `crop x crop` windows of the canvas, patchified (each patch's rows
 //!    of pixels, channels last); the mask's mean per patch is `image_masks`.
 //! 4. **The global image**, resized and padded to one crop the same way, goes first.
@@ -77,10 +78,7 @@ fn resize_and_pad(
             image.height()
         ));
     }
-    // `(x / 255 * 255).astype(uint8)` in f32: truncation turns some values one lower.
-    let round_trip: Vec<u8> = image.pixels().iter().map(|&v| ((f32::from(v) / 255.0) * 255.0) as u8).collect();
-    let source = Image::from_rgb8(image.width(), image.height(), round_trip).map_err(|e| e.to_string())?;
-    let resized = source.resize(sw as u32, sh as u32, Resample::Bilinear).map_err(|e| e.to_string())?;
+    let resized = image.resize(sw as u32, sh as u32, Resample::Bilinear).map_err(|e| e.to_string())?;
     let (top, left) = ((height - sh) / 2, (width - sw) / 2);
     let mut canvas = vec![0f32; height * width * 3];
     let mut mask = vec![false; height * width];
@@ -254,6 +252,15 @@ mod tests {
             }
             assert_eq!(out.feature_order, want, "{variant}");
             assert_eq!(patch_tokens(&config.processor, out.tiling), positions.len(), "{variant}");
+        }
+    }
+
+    /// The reference's f32 round trip to 8 bits (`(u8 / 255 * 255).astype(uint8)`) gives every
+    /// value back, which is why the port resizes the decoded pixels as they are.
+    #[test]
+    fn the_references_round_trip_to_eight_bits_is_exact() {
+        for v in 0..=255u8 {
+            assert_eq!(((f32::from(v) / 255.0) * 255.0) as u8, v);
         }
     }
 
