@@ -262,7 +262,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
         None => decoder.prefill_tokens(slot, &ids, Logits::Last).context("prefill")?,
         Some(media) => {
             let mut encoders = Encoders::new(dir, &args.device);
-            let (embeddings, positions, extras) = media.prefill_input(&mut decoder, &ids, &mut encoders)?;
+            let (embeddings, positions, extras, _) = media.prefill_input(&mut decoder, &ids, &mut encoders)?;
             decoder.prefill_embeddings(slot, &embeddings, &positions, &extras, Logits::Last).context("prefill")?
         }
     };

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use mlxcel_decoder::prefill::{Injection, Mode, Placement as ProgramPlacement, Program};
 use mlxcel_decoder::{DecoderSpec, resolve_names};
 use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
+use mlxcel_host::engine::RowContent;
 use mlxcel_plugin_api::{
     Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError,
     ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PlaceMode, PluginSet,
@@ -40,7 +41,15 @@ pub(crate) struct MediaModel<'a> {
     form: Option<&'static str>,
     /// The token every prompt starts with, when the family's processor starts them so.
     prompt_start: Option<u32>,
+    /// sha256 over what an item's features depend on besides its bytes: the plugin library,
+    /// the parsed configuration (processor settings included), the preprocessing options and
+    /// the checkpoint's weights.
+    identity: [u8; 32],
 }
+
+/// A media item's content digest (128 bits of sha256 over the encoder identity and the item's
+/// bytes): the encoder cache's key and the prefix cache's name for the item's rows.
+pub(crate) type Digest = [u8; 16];
 
 impl<'a> MediaModel<'a> {
     /// Chooses the plugin that accepts the checkpoint in `model` and has it parse the
@@ -63,7 +72,14 @@ impl<'a> MediaModel<'a> {
             .map_err(|e| anyhow!("{}: {e}", model.join("config.json").display()))?
             .is_some();
         let prompt_start = resolve_prompt_start(&config, model)?;
-        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine"), prompt_start })
+        let weights = mlxcel_host::decoder::weights_identity(&Checkpoint::open(model)?);
+        let identity = encoder_identity(plugin, &config, &preprocess_options(plugin), &weights);
+        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine"), prompt_start, identity })
+    }
+
+    /// The digest of one item's bytes under this model's encoder identity.
+    pub(crate) fn digest(&self, bytes: &[u8]) -> Digest {
+        media_digest(&self.identity, bytes)
     }
 
     /// Every problem the plugin finds with the checkpoint's tensors (a module not found, a
@@ -129,7 +145,7 @@ impl<'a> MediaModel<'a> {
         let mut items = Vec::new();
         for (index, bytes) in images.iter().enumerate() {
             let item = self.item(bytes, max_input_pixels).with_context(|| format!("image {}", index + 1));
-            items.push(item.map_err(|e| MediaError::classify(e, Fault::Input))?);
+            items.push((item.map_err(|e| MediaError::classify(e, Fault::Input))?, self.digest(bytes)));
         }
         Ok(self.assemble(items))
     }
@@ -138,9 +154,17 @@ impl<'a> MediaModel<'a> {
         preprocess_limited(self.plugin, &self.config, Modality::Image, bytes, max_input_pixels)
     }
 
-    fn assemble(&self, items: Vec<Preprocessed>) -> MediaRequest<'a> {
-        let metas = items.iter().map(|p| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
-        MediaRequest { plugin: self.plugin, config: self.config.clone(), items, metas, prompt_start: self.prompt_start }
+    fn assemble(&self, items: Vec<(Preprocessed, Digest)>) -> MediaRequest<'a> {
+        let metas = items.iter().map(|(p, _)| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
+        let (items, digests) = items.into_iter().unzip();
+        MediaRequest {
+            plugin: self.plugin,
+            config: self.config.clone(),
+            items,
+            digests,
+            metas,
+            prompt_start: self.prompt_start,
+        }
     }
 }
 
@@ -251,6 +275,7 @@ pub(crate) struct MediaRequest<'a> {
     plugin: &'a LoadedPlugin,
     config: ModelConfig,
     items: Vec<Preprocessed>,
+    digests: Vec<Digest>,
     metas: Vec<ItemMeta>,
     prompt_start: Option<u32>,
 }
@@ -276,11 +301,10 @@ impl<'a> MediaRequest<'a> {
         let mut items = Vec::new();
         for path in images {
             let bytes = std::fs::read(path).with_context(|| format!("cannot read the image {}", path.display()))?;
-            items.push(
-                media
-                    .item(&bytes, MAX_INPUT_PIXELS)
-                    .with_context(|| format!("cannot use {} as an image", path.display()))?,
-            );
+            let item = media
+                .item(&bytes, MAX_INPUT_PIXELS)
+                .with_context(|| format!("cannot use {} as an image", path.display()))?;
+            items.push((item, media.digest(&bytes)));
         }
         Ok(media.assemble(items))
     }
@@ -319,7 +343,8 @@ impl<'a> MediaRequest<'a> {
     }
 
     /// Encodes every item, asks the plugin's contract where the features go and merges them into
-    /// the text embeddings of `ids`: what `Decoder::prefill_embeddings` takes. A failure is ours
+    /// the text embeddings of `ids`: what `Decoder::prefill_embeddings` takes, with what each
+    /// row holds (a token, or a row of an item named by its digest). A failure is ours
     /// (compiling or running an encoder, a contract the decoder cannot apply) unless the plugin
     /// blames the input.
     pub(crate) fn prefill_input(
@@ -327,7 +352,7 @@ impl<'a> MediaRequest<'a> {
         decoder: &mut Decoder,
         ids: &[u32],
         encoders: &mut Encoders,
-    ) -> Result<(HostTensor, Positions, Extras), MediaError> {
+    ) -> Result<(HostTensor, Positions, Extras, Vec<RowContent>), MediaError> {
         self.prefill_input_inner(decoder, ids, encoders).map_err(|e| MediaError::classify(e, Fault::Server))
     }
 
@@ -336,10 +361,11 @@ impl<'a> MediaRequest<'a> {
         decoder: &mut Decoder,
         ids: &[u32],
         encoders: &mut Encoders,
-    ) -> Result<(HostTensor, Positions, Extras)> {
+    ) -> Result<(HostTensor, Positions, Extras, Vec<RowContent>)> {
         let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
         let contract = self.plugin.prefill_program(&self.config, &request)?;
-        contract_input(decoder, ids, &contract, self.plugin.name(), |index| {
+        let contents = row_contents(ids, &contract, &self.digests)?;
+        let (embeddings, positions, extras) = contract_input(decoder, ids, &contract, self.plugin.name(), |index| {
             let (item, meta) = self
                 .items
                 .get(index)
@@ -347,8 +373,73 @@ impl<'a> MediaRequest<'a> {
                 .with_context(|| format!("the contract places item {index}, which the request does not have"))?;
             // Each item through its own modality's encoder.
             encoders.encode_all(self.plugin, &self.config, meta.modality, item)
-        })
+        })?;
+        Ok((embeddings, positions, extras, contents))
     }
+}
+
+/// What each prompt row holds under `contract`: its token, or, where the contract places an
+/// item's rows (or injects them), the item's digest and the row's index in that placement.
+fn row_contents(ids: &[u32], contract: &PrefillProgram, digests: &[Digest]) -> Result<Vec<RowContent>> {
+    let mut contents: Vec<RowContent> = ids.iter().map(|&t| RowContent::Token(t)).collect();
+    let placed = contract.placements.iter().map(|p| (p.item, &p.tokens));
+    let injected = contract.injections.iter().map(|i| (i.item, &i.tokens));
+    for (item, tokens) in placed.chain(injected) {
+        let digest = *digests
+            .get(item as usize)
+            .with_context(|| format!("the contract places item {item}, which the request does not have"))?;
+        for (row, t) in tokens.indices().into_iter().enumerate() {
+            let content = contents
+                .get_mut(t)
+                .with_context(|| format!("the contract places a row at token {t} of a {}-token prompt", ids.len()))?;
+            if let RowContent::Token(token) = *content {
+                *content = RowContent::Media { digest, row: row as u32, token };
+            }
+        }
+    }
+    Ok(contents)
+}
+
+/// The options every item of a plugin is preprocessed with.
+fn preprocess_options(plugin: &LoadedPlugin) -> PreprocessOptions {
+    PreprocessOptions { max_pixels: plugin.manifest().limits.max_pixels_per_image.into(), ..Default::default() }
+}
+
+/// See [`MediaModel`]'s `identity`.
+fn encoder_identity(
+    plugin: &LoadedPlugin,
+    config: &ModelConfig,
+    options: &PreprocessOptions,
+    weights: &str,
+) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for part in [
+        "mlxcel encoder identity 1",
+        plugin.name(),
+        plugin.manifest().plugin.sha256.as_str(),
+        &format!("{:?}", config.summary),
+        config.family.as_str(),
+        &format!("{options:?}"),
+        weights,
+    ] {
+        // Length-prefixed, so no two different part lists hash the same bytes.
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().into()
+}
+
+/// An item's [`Digest`] under an encoder `identity`.
+fn media_digest(identity: &[u8; 32], bytes: &[u8]) -> Digest {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    h.update(identity);
+    h.update(bytes);
+    let full: [u8; 32] = h.finalize().into();
+    let mut digest = [0u8; 16];
+    digest.copy_from_slice(&full[..16]);
+    digest
 }
 
 /// The prefill input of `ids` under `plugin`'s contract: the text embeddings scaled by the
@@ -507,8 +598,7 @@ pub(crate) fn preprocess_limited(
     bytes: &[u8],
     max_input_pixels: u64,
 ) -> Result<Preprocessed> {
-    let limits = &plugin.manifest().limits;
-    let options = PreprocessOptions { max_pixels: limits.max_pixels_per_image.into(), ..Default::default() };
+    let options = preprocess_options(plugin);
     let encoded = match modality {
         Modality::Image => {
             match decode_image(bytes, max_input_pixels) {

@@ -57,6 +57,10 @@ pub enum DecoderError {
     SlotOutOfRange { slot: usize, slots: usize },
     #[error("{used} cache rows plus {adding} new tokens exceed the context capacity of {capacity}")]
     CapacityExceeded { used: usize, adding: usize, capacity: usize },
+    #[error(
+        "cannot keep {keep} rows of a {rows}-row prompt: at most the {held} rows the slot holds, and one row fewer than the prompt"
+    )]
+    Keep { keep: usize, rows: usize, held: usize },
     #[error("invalid prefill embeddings: {0}")]
     Embeddings(String),
     #[error("invalid prefill extras: {0}")]
@@ -83,6 +87,10 @@ pub struct Decoder {
     session: Session,
     /// Cache rows in use per slot.
     lens: Vec<usize>,
+    /// Per slot: rows whose contents its last request left valid (its prompt and the tokens
+    /// it fed), kept across `release` so that a later prefill may start after a shared
+    /// prefix instead of recomputing it.
+    held: Vec<usize>,
     /// Per slot: decode position minus cache row (M-RoPE's `rope_deltas`;
     /// 0 for plain prompts).
     deltas: Vec<i64>,
@@ -126,8 +134,9 @@ impl Fingerprint {
     }
 }
 
-/// sha256 over the checkpoint's tensor table and file sizes.
-fn weights_identity(ckpt: &Checkpoint) -> String {
+/// sha256 over the checkpoint's tensor table and file sizes: what every compiled artifact and
+/// cached encoder output over the checkpoint is keyed by.
+pub fn weights_identity(ckpt: &Checkpoint) -> String {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
     for (key, t) in ckpt.tensors() {
@@ -244,6 +253,7 @@ impl Decoder {
         }
         Ok(Decoder {
             lens: vec![0; shape.slots],
+            held: vec![0; shape.slots],
             deltas: vec![0; shape.slots],
             config,
             options,
@@ -293,7 +303,14 @@ impl Decoder {
         self.lens.get(slot).copied().unwrap_or(0)
     }
 
-    /// Frees a slot for the next request.
+    /// Rows of `slot` a prefill may keep (see [`Decoder::prefill_tokens_keeping`]): what its last
+    /// request wrote, valid until the slot is prefilled again.
+    pub fn held(&self, slot: usize) -> usize {
+        self.held.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Frees a slot for the next request. Its rows stay on the device, so a later prefill of
+    /// the same slot may keep a prefix of them.
     pub fn release(&mut self, slot: usize) -> Result<(), DecoderError> {
         self.check_slot(slot)?;
         self.lens[slot] = 0;
@@ -319,9 +336,24 @@ impl Decoder {
     /// Prefills `slot` from scratch with `tokens`, in chunks, and returns the
     /// logits `rows` asks for (row-major f32).
     pub fn prefill_tokens(&mut self, slot: usize, tokens: &[u32], rows: Logits) -> Result<Vec<f32>, DecoderError> {
+        self.prefill_tokens_keeping(slot, 0, tokens, rows)
+    }
+
+    /// Prefills `slot` with `tokens` keeping its first `keep` rows, which the caller knows to
+    /// hold exactly what prefilling `tokens[..keep]` writes (a prefix its last request shares):
+    /// only `tokens[keep..]` are computed, and `rows` counts from `keep` (`Logits::All` returns
+    /// the rows after it). At most [`Decoder::held`] rows can be kept, and at least one row is
+    /// computed.
+    pub fn prefill_tokens_keeping(
+        &mut self,
+        slot: usize,
+        keep: usize,
+        tokens: &[u32],
+        rows: Logits,
+    ) -> Result<Vec<f32>, DecoderError> {
         self.check_tokens(tokens)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.prefill(slot, Prefill::Tokens(&ids), &Positions::Sequential, rows)
+        self.prefill(slot, keep, Prefill::Tokens(&ids), &Positions::Sequential, rows)
     }
 
     /// Prefills `slot` from prepared embeddings `[n, hidden]` in the bundle's
@@ -332,6 +364,22 @@ impl Decoder {
     pub fn prefill_embeddings(
         &mut self,
         slot: usize,
+        embeddings: &HostTensor,
+        positions: &Positions,
+        extras: &Extras,
+        rows: Logits,
+    ) -> Result<Vec<f32>, DecoderError> {
+        self.prefill_embeddings_keeping(slot, 0, embeddings, positions, extras, rows)
+    }
+
+    /// [`Decoder::prefill_embeddings`] keeping the slot's first `keep` rows, as
+    /// [`Decoder::prefill_tokens_keeping`] does: `embeddings`, `positions` and `extras` describe
+    /// the whole prompt, and `keep` may not fall strictly inside a bidirectional group's span
+    /// (the group's rows are computed in one call).
+    pub fn prefill_embeddings_keeping(
+        &mut self,
+        slot: usize,
+        keep: usize,
         embeddings: &HostTensor,
         positions: &Positions,
         extras: &Extras,
@@ -385,7 +433,13 @@ impl Decoder {
                 )));
             }
         }
-        self.prefill(slot, Prefill::Embeddings(embeddings, extras), positions, rows)
+        if let Some(span) = extras.bidirectional.iter().filter_map(|g| span(g)).find(|s| s.start < keep && keep < s.end)
+        {
+            return Err(DecoderError::Extras(format!(
+                "keeping {keep} rows would split the bidirectional block {span:?}, which is computed in one call"
+            )));
+        }
+        self.prefill(slot, keep, Prefill::Embeddings(embeddings, extras), positions, rows)
     }
 
     /// The factor the token paths (`prefill_tokens`, `decode`) apply to embedding rows before
@@ -540,6 +594,7 @@ impl Decoder {
     fn prefill(
         &mut self,
         slot: usize,
+        keep: usize,
         input: Prefill<'_>,
         positions: &Positions,
         rows: Logits,
@@ -556,18 +611,22 @@ impl Decoder {
         if n > capacity {
             return Err(DecoderError::CapacityExceeded { used: 0, adding: n, capacity });
         }
+        if keep >= n || keep > self.held[slot] {
+            return Err(DecoderError::Keep { keep, rows: n, held: self.held[slot] });
+        }
         let streams = self.streams(positions, n)?;
         let next = streams.iter().flatten().copied().max().map_or(0, |m| i64::from(m) + 1);
         let vocab = self.config.vocab;
-        let mut logits = Vec::with_capacity(if rows == Logits::All { n * vocab } else { vocab });
-        self.lens[slot] = 0;
+        let mut logits = Vec::with_capacity(if rows == Logits::All { (n - keep) * vocab } else { vocab });
+        self.lens[slot] = keep;
+        self.held[slot] = keep;
         self.deltas[slot] = next - n as i64;
         let groups = match input {
             Prefill::Embeddings(_, extras) => extras.bidirectional.as_slice(),
             Prefill::Tokens(_) => &[],
         };
         let spans: Vec<Range<usize>> = groups.iter().filter_map(|g| span(g)).collect();
-        for (start, real) in chunk_spans(n, chunk, &spans) {
+        for (start, real) in chunk_spans(keep, n, chunk, &spans) {
             let first = match input {
                 Prefill::Tokens(ids) => {
                     let mut part = ids[start..start + real].to_vec();
@@ -614,6 +673,7 @@ impl Decoder {
                 Logits::Last => {}
             }
             self.lens[slot] = start + real;
+            self.held[slot] = start + real;
         }
         Ok(logits)
     }
@@ -637,13 +697,12 @@ impl Decoder {
             pos[slot] =
                 i32::try_from(at).map_err(|_| DecoderError::Positions(format!("position {at} overflows i32")))?;
         }
-        // Idle slots write a junk row at their current end, which the next
-        // prefill or decode of that slot overwrites before it is visible.
-        for (w, &len) in write.iter_mut().zip(&self.lens) {
-            *w = len.min(capacity - 1) as i32;
-        }
+        // Idle slots write a junk row into the last slack row, past every row a query can see,
+        // so the rows a released slot holds for a later prefix survive.
+        write.fill((self.options.shape.rows() - 1) as i32);
         for &(slot, token) in steps {
             ids[slot] = token as i32;
+            write[slot] = self.lens[slot] as i32;
         }
         let queries: Vec<usize> = write.iter().map(|&w| w as usize).collect();
         let mask = self.masks(&queries, &[])?;
@@ -659,6 +718,7 @@ impl Decoder {
         let mut result = Vec::with_capacity(steps.len());
         for &(slot, _) in steps {
             self.lens[slot] += 1;
+            self.held[slot] = self.lens[slot];
             result.push(all[slot * vocab..(slot + 1) * vocab].to_vec());
         }
         Ok(result)
@@ -699,11 +759,11 @@ fn span(group: &[Range<usize>]) -> Option<Range<usize>> {
     Some(start..group.iter().map(|r| r.end).max()?)
 }
 
-/// The `(start, rows)` of each prefill call: whole chunks, except that a
-/// chunk ends early rather than split a bidirectional group's span (validated
-/// to fit in one chunk), so the next starts at the span. Spans that overlap
-/// (groups whose runs interleave) are kept whole together.
-fn chunk_spans(n: usize, chunk: usize, spans: &[Range<usize>]) -> Vec<(usize, usize)> {
+/// The `(start, rows)` of each prefill call over rows `from..n`: whole chunks,
+/// except that a chunk ends early rather than split a bidirectional group's
+/// span (validated to fit in one chunk), so the next starts at the span. Spans
+/// that overlap (groups whose runs interleave) are kept whole together.
+fn chunk_spans(from: usize, n: usize, chunk: usize, spans: &[Range<usize>]) -> Vec<(usize, usize)> {
     let mut merged: Vec<Range<usize>> = spans.to_vec();
     merged.sort_by_key(|s| s.start);
     let mut blocks: Vec<Range<usize>> = Vec::with_capacity(merged.len());
@@ -714,7 +774,7 @@ fn chunk_spans(n: usize, chunk: usize, spans: &[Range<usize>]) -> Vec<(usize, us
         }
     }
     let mut spans = Vec::new();
-    let mut start = 0;
+    let mut start = from;
     while start < n {
         let mut end = (start + chunk).min(n);
         if let Some(b) = blocks.iter().find(|b| b.start < end && end < b.end && b.start > start) {

@@ -21,8 +21,15 @@
 //!
 //! The caller executes every returned [`Action::Release`] before the next
 //! `plan`, since a released slot may be prefilled again in that step.
+//!
+//! The prefix cache: a released slot's rows stay on the device, and the
+//! scheduler remembers what each prompt row holds ([`RowKey`]: a token, or a
+//! media item's row under its content digest, at its position). A request is
+//! admitted into the free slot whose prompt rows share the longest prefix with
+//! its own, and its prefill keeps that prefix ([`PrefillWork::keep`]) and
+//! computes only the rest, exactly as a cold prefill would.
 
-use std::{collections::VecDeque, fmt, time::Duration};
+use std::{collections::VecDeque, fmt, ops::Range, time::Duration};
 
 use crate::sampling::{History, Sampler, TokenLogprobs};
 
@@ -36,14 +43,48 @@ impl fmt::Display for RequestId {
     }
 }
 
+/// What one cache row holds, as far as reusing it goes: two rows with equal
+/// keys at the same index after equal prefixes hold the same values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowKey {
+    pub content: RowContent,
+    /// The row's rotary position: its three M-RoPE streams, or a 1-D
+    /// position repeated (as M-RoPE gives a text row).
+    pub position: [i32; 3],
+}
+
+/// The input of one cache row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowContent {
+    /// A text token's embedding.
+    Token(u32),
+    /// Row `row` of a media item's placement, the item named by its content
+    /// digest (over its bytes, the preprocessing and the encoder: the
+    /// encoder cache's key), at the prompt's placeholder `token`.
+    Media { digest: [u8; 16], row: u32, token: u32 },
+}
+
+impl RowKey {
+    /// A token at 1-D position `position`.
+    pub fn token(token: u32, position: usize) -> Self {
+        let p = i32::try_from(position).unwrap_or(i32::MAX);
+        RowKey { content: RowContent::Token(token), position: [p; 3] }
+    }
+}
+
 /// A prepared prompt: whatever the engine prefills from embeddings. The
-/// scheduler only needs its number of cache rows; the payload itself (large
-/// host buffers) is owned, moved to the engine with the prefill that uses it
-/// and dropped there, or dropped here when the request is refused or
-/// cancelled before its prefill.
+/// scheduler only needs its number of cache rows and what they hold; the
+/// payload itself (large host buffers) is owned, moved to the engine with the
+/// prefill that uses it and dropped there, or dropped here when the request is
+/// refused or cancelled before its prefill.
 pub trait Prepared {
     /// Cache rows the prefill writes (the expanded prompt length).
     fn rows(&self) -> usize;
+    /// What each of those rows holds.
+    fn row_keys(&self) -> Vec<RowKey>;
+    /// Row ranges computed in one call (bidirectional blocks): a kept prefix
+    /// never ends strictly inside one.
+    fn atomic(&self) -> Vec<Range<usize>>;
 }
 
 /// What a request's prefill starts from.
@@ -148,6 +189,8 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Cache rows the slot held at the end (expanded prompt plus fed tokens).
     pub cache_rows: usize,
+    /// Prompt rows kept from the slot's earlier request (the prefix cache), not computed.
+    pub cached_rows: usize,
 }
 
 /// What the caller does after `complete` or `cancel`.
@@ -169,6 +212,9 @@ pub struct PrefillWork<P> {
     pub id: RequestId,
     pub slot: usize,
     pub input: PendingInput<P>,
+    /// The slot's first rows already hold the prompt's first `keep` rows:
+    /// the prefill keeps them and computes the rest.
+    pub keep: usize,
 }
 
 /// The work of one step: the prefills first, then one batched decode.
@@ -186,6 +232,19 @@ pub struct StepResult {
     pub prefill: Vec<Result<Vec<f32>, String>>,
     /// Per decoded slot, its logits; or why the batched decode failed.
     pub decode: Result<Vec<Vec<f32>>, String>,
+}
+
+/// What a slot's rows hold, kept while the slot is free for a later prefix.
+#[derive(Debug, Default)]
+struct Held {
+    /// The last prompt prefilled into the slot. Decoded rows are not kept:
+    /// the one-row decode computes a token's K and V with other kernels than
+    /// a prefill does (1.3e-6 apart in the next logits, measured on Qwen3),
+    /// and a kept prefix must give exactly what a cold prefill gives.
+    rows: Vec<RowKey>,
+    /// The step at which the slot was last admitted into: the least recent
+    /// is overwritten first.
+    used: u64,
 }
 
 /// Where a request sits once it owns a slot.
@@ -215,6 +274,8 @@ struct Active {
     generated: usize,
     /// Cache rows written (expanded prompt plus fed tokens).
     cache_len: usize,
+    /// Prompt rows kept from the slot's earlier request.
+    cached_rows: usize,
     max_tokens: Option<usize>,
     stop_tokens: Vec<u32>,
     sampler: Sampler,
@@ -225,7 +286,12 @@ struct Active {
 
 impl Active {
     fn usage(&self) -> Usage {
-        Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.generated, cache_rows: self.cache_len }
+        Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.generated,
+            cache_rows: self.cache_len,
+            cached_rows: self.cached_rows,
+        }
     }
 }
 
@@ -245,21 +311,33 @@ pub struct Scheduler<P> {
     config: SchedulerConfig,
     queue: VecDeque<Queued<P>>,
     slots: Vec<Option<Active>>,
+    /// Per slot, what its rows hold (valid rows only).
+    held: Vec<Held>,
     in_flight: Option<InFlight>,
     next_id: u64,
+    steps: u64,
+    /// Prompt rows kept by prefills so far (the prefix cache's reuse).
+    reused_rows: u64,
 }
 
 /// The slots of the step in flight, in the order of its results.
 #[derive(Debug)]
 struct InFlight {
     prefill: Vec<usize>,
-    decode: Vec<usize>,
+    /// `(slot, token fed)`.
+    decode: Vec<(usize, u32)>,
 }
 
 impl<P: Prepared> Scheduler<P> {
     pub fn new(config: SchedulerConfig) -> Self {
         let slots = (0..config.slots).map(|_| None).collect();
-        Scheduler { config, queue: VecDeque::new(), slots, in_flight: None, next_id: 0 }
+        let held = (0..config.slots).map(|_| Held::default()).collect();
+        Scheduler { config, queue: VecDeque::new(), slots, held, in_flight: None, next_id: 0, steps: 0, reused_rows: 0 }
+    }
+
+    /// Prompt rows that prefills kept from earlier requests instead of computing them.
+    pub fn reused_rows(&self) -> u64 {
+        self.reused_rows
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -327,7 +405,7 @@ impl<P: Prepared> Scheduler<P> {
     pub fn cancel(&mut self, id: RequestId) -> Vec<Action> {
         if let Some(at) = self.queue.iter().position(|q| q.id == id) {
             let prompt_tokens = self.queue.remove(at).map_or(0, |q| q.request.prompt_tokens.len());
-            let usage = Usage { prompt_tokens, completion_tokens: 0, cache_rows: 0 };
+            let usage = Usage { prompt_tokens, completion_tokens: 0, cache_rows: 0, cached_rows: 0 };
             return vec![Action::Finished { id, reason: FinishReason::Cancelled, usage }];
         }
         let Some(slot) = self.slots.iter().position(|a| a.as_ref().is_some_and(|a| a.id == id && !a.cancelled)) else {
@@ -350,8 +428,10 @@ impl<P: Prepared> Scheduler<P> {
     }
 
     /// The next step: up to `prefills_per_step` queued requests admitted
-    /// (FIFO) into free slots, the lowest first, and one decode of every slot
-    /// with a token to feed. `None` when there is nothing to do.
+    /// (FIFO) into free slots, and one decode of every slot with a token to
+    /// feed. `None` when there is nothing to do. Each request goes to the free
+    /// slot whose rows share the longest prefix with its own; without one, to
+    /// an empty slot, else the least recently used, the lowest first.
     pub fn plan(&mut self) -> Result<Option<Step<P>>, SchedulerError> {
         if self.in_flight.is_some() {
             return Err(SchedulerError::StepInFlight);
@@ -369,11 +449,23 @@ impl<P: Prepared> Scheduler<P> {
                 Some((slot, token))
             })
             .collect();
+        self.steps += 1;
         let mut prefill = Vec::new();
         while prefill.len() < self.config.prefills_per_step {
-            let Some(slot) = self.slots.iter().position(Option::is_none) else { break };
+            if self.slots.iter().all(Option::is_some) {
+                break;
+            }
             let Some(Queued { id, request }) = self.queue.pop_front() else { break };
             let Request { prompt_tokens, input, max_tokens, stop_tokens, sampler } = request;
+            let (rows, atomic) = match &input {
+                PendingInput::Tokens(t) => {
+                    (t.iter().enumerate().map(|(i, &t)| RowKey::token(t, i)).collect(), Vec::new())
+                }
+                PendingInput::Embeddings(p) => (p.row_keys(), p.atomic()),
+            };
+            let (slot, keep) = self.choose_slot(&rows, &atomic);
+            self.held[slot] = Held { rows, used: self.steps };
+            self.reused_rows += keep as u64;
             self.slots[slot] = Some(Active {
                 id,
                 phase: Phase::Prefilling { rows: input.rows() },
@@ -381,21 +473,41 @@ impl<P: Prepared> Scheduler<P> {
                 history: prompt_tokens,
                 generated: 0,
                 cache_len: 0,
+                cached_rows: keep,
                 max_tokens,
                 stop_tokens,
                 sampler,
                 cancelled: false,
             });
-            prefill.push(PrefillWork { id, slot, input });
+            prefill.push(PrefillWork { id, slot, input, keep });
         }
         if prefill.is_empty() && decode.is_empty() {
             return Ok(None);
         }
-        self.in_flight = Some(InFlight {
-            prefill: prefill.iter().map(|p| p.slot).collect(),
-            decode: decode.iter().map(|&(slot, _)| slot).collect(),
-        });
+        self.in_flight = Some(InFlight { prefill: prefill.iter().map(|p| p.slot).collect(), decode: decode.clone() });
         Ok(Some(Step { prefill, decode }))
+    }
+
+    /// The free slot for a prompt of `rows`, and how many of its rows it keeps: the longest
+    /// shared prefix, at most all rows but the last (whose logits the prefill returns), and
+    /// never ending strictly inside an `atomic` range.
+    fn choose_slot(&self, rows: &[RowKey], atomic: &[Range<usize>]) -> (usize, usize) {
+        let keep = |held: &Held| {
+            let shared = held.rows.iter().zip(rows).take_while(|(a, b)| a == b).count();
+            let mut keep = shared.min(rows.len().saturating_sub(1));
+            if let Some(r) = atomic.iter().find(|r| r.start < keep && keep < r.end) {
+                keep = r.start;
+            }
+            keep
+        };
+        let free = (0..self.slots.len()).filter(|&s| self.slots[s].is_none());
+        // The longest prefix; then an empty slot; then the least recently used; then the lowest.
+        let best = free.min_by_key(|&s| {
+            let held = &self.held[s];
+            (std::cmp::Reverse(keep(held)), !held.rows.is_empty(), held.used, s)
+        });
+        let slot = best.expect("invariant: plan admits only while a slot is free");
+        (slot, keep(&self.held[slot]))
     }
 
     /// Takes the logits of the step in flight, samples each slot's next
@@ -407,21 +519,26 @@ impl<P: Prepared> Scheduler<P> {
         if result.prefill.len() != flight.prefill.len() {
             let error = format!("{} prefill results for {} prefills", result.prefill.len(), flight.prefill.len());
             for &slot in &flight.prefill {
+                self.held[slot].rows.clear();
                 self.finish(slot, FinishReason::Error(error.clone()), &mut actions);
             }
         } else {
             for (&slot, logits) in flight.prefill.iter().zip(result.prefill) {
-                if let (Some(a), Ok(_)) = (self.slots[slot].as_mut(), &logits)
-                    && let Phase::Prefilling { rows } = a.phase
-                {
-                    a.cache_len = rows;
+                match (self.slots[slot].as_mut(), &logits) {
+                    (Some(a), Ok(_)) => {
+                        if let Phase::Prefilling { rows } = a.phase {
+                            a.cache_len = rows;
+                        }
+                    }
+                    // What a failed prefill left in the slot is unknown: nothing of it is reused.
+                    _ => self.held[slot].rows.clear(),
                 }
                 self.advance(slot, logits, &mut actions);
             }
         }
         match result.decode {
             Ok(rows) if rows.len() == flight.decode.len() => {
-                for (&slot, logits) in flight.decode.iter().zip(rows) {
+                for (&(slot, _), logits) in flight.decode.iter().zip(rows) {
                     if let Some(a) = self.slots[slot].as_mut() {
                         // The token fed by this decode now has its row.
                         a.cache_len += 1;
@@ -431,12 +548,12 @@ impl<P: Prepared> Scheduler<P> {
             }
             Ok(rows) => {
                 let error = format!("{} decode results for {} slots", rows.len(), flight.decode.len());
-                for &slot in &flight.decode {
+                for &(slot, _) in &flight.decode {
                     self.finish(slot, FinishReason::Error(error.clone()), &mut actions);
                 }
             }
             Err(error) => {
-                for &slot in &flight.decode {
+                for &(slot, _) in &flight.decode {
                     self.finish(slot, FinishReason::Error(error.clone()), &mut actions);
                 }
             }

@@ -148,11 +148,24 @@ pub(crate) struct UsageBody {
     pub(crate) prompt_tokens: usize,
     pub(crate) completion_tokens: usize,
     pub(crate) total_tokens: usize,
+    pub(crate) prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt: `cached_tokens` were kept from an earlier request's cache
+/// (the prefix cache), not prefilled.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct PromptTokensDetails {
+    pub(crate) cached_tokens: usize,
 }
 
 impl UsageBody {
-    pub(crate) fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
-        UsageBody { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    pub(crate) fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Self {
+        UsageBody {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
+        }
     }
 }
 

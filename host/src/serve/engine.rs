@@ -41,6 +41,10 @@ pub(crate) struct Job {
 pub(crate) enum Event {
     /// Accepted into the queue.
     Queued,
+    /// Given a slot and prefilled, keeping `cached_rows` of the slot's earlier rows.
+    Admitted {
+        cached_rows: usize,
+    },
     Token {
         token: u32,
         logprobs: Option<TokenLogprobs>,
@@ -183,6 +187,7 @@ impl Engine {
             self.step();
             self.metrics.queue_depth.store(self.scheduler.queue_len() as u64, Ordering::Relaxed);
             self.metrics.active_slots.store(self.scheduler.active_slots() as u64, Ordering::Relaxed);
+            self.metrics.prefix_rows_reused.store(self.scheduler.reused_rows(), Ordering::Relaxed);
         }
         // Requests submitted while the thread stops are refused, never left waiting.
         for command in self.inbox.try_iter() {
@@ -210,10 +215,14 @@ impl Engine {
                     let _ = events.send(Event::Refused(Refusal::Media(e)));
                     return;
                 };
-                match media.prefill_input(&mut self.decoder, &prompt, encoders) {
-                    Ok((embeddings, positions, extras)) => {
-                        PendingInput::Embeddings(PreparedPrompt { embeddings, positions, extras })
-                    }
+                let prepared = media.prefill_input(&mut self.decoder, &prompt, encoders).and_then(
+                    |(embeddings, positions, extras, contents)| {
+                        PreparedPrompt::new(embeddings, positions, extras, contents)
+                            .map_err(|e| MediaError::server(anyhow::Error::new(e)))
+                    },
+                );
+                match prepared {
+                    Ok(prompt) => PendingInput::Embeddings(prompt),
                     Err(e) => {
                         let _ = events.send(Event::Refused(Refusal::Media(e)));
                         return;
@@ -255,11 +264,20 @@ impl Engine {
         };
         let mut prefill = Vec::with_capacity(step.prefill.len());
         for work in step.prefill {
+            let (slot, keep) = (work.slot, work.keep);
+            if let Some(events) = self.clients.get(&work.id) {
+                let _ = events.send(Event::Admitted { cached_rows: keep });
+            }
             let logits = match work.input {
-                PendingInput::Tokens(tokens) => self.decoder.prefill_tokens(work.slot, &tokens, Logits::Last),
-                PendingInput::Embeddings(p) => {
-                    self.decoder.prefill_embeddings(work.slot, &p.embeddings, &p.positions, &p.extras, Logits::Last)
-                }
+                PendingInput::Tokens(tokens) => self.decoder.prefill_tokens_keeping(slot, keep, &tokens, Logits::Last),
+                PendingInput::Embeddings(p) => self.decoder.prefill_embeddings_keeping(
+                    slot,
+                    keep,
+                    &p.embeddings,
+                    &p.positions,
+                    &p.extras,
+                    Logits::Last,
+                ),
             };
             prefill.push(logits.map_err(|e| format!("prefill failed: {e}")));
         }

@@ -661,8 +661,10 @@ async fn whole(
     let mut logprobs = Vec::new();
     let mut first: Option<Instant> = None;
     let mut usage = None;
+    let mut cached = 0;
     let reason = loop {
         match a.events.recv().await {
+            Some(Event::Admitted { cached_rows }) => cached = cached_rows,
             Some(Event::Token { token, logprobs: lp }) => {
                 if first.is_none() {
                     first = Some(Instant::now());
@@ -678,7 +680,7 @@ async fn whole(
                 }
             }
             Some(Event::Finished { reason, usage: used }) => {
-                usage = Some(UsageBody::new(used.prompt_tokens, used.completion_tokens));
+                usage = Some(UsageBody::new(used.prompt_tokens, used.completion_tokens, used.cached_rows));
                 let tail = out.finish()?;
                 text.push_str(&tail.text);
                 state.metrics.finished(outcome(&reason), a.prompt.len(), out.tokens, decoding(first));
@@ -701,7 +703,7 @@ async fn whole(
             logprobs: a.logprobs.then_some(LogprobsBody { content: logprobs }),
         }],
         // Ended by a stop string: the tokens received so far.
-        usage: usage.unwrap_or_else(|| UsageBody::new(a.prompt.len(), out.tokens)),
+        usage: usage.unwrap_or_else(|| UsageBody::new(a.prompt.len(), out.tokens, cached)),
     };
     Ok(Json(body).into_response())
 }
@@ -745,6 +747,7 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
             return;
         }
         let mut first: Option<Instant> = None;
+        let mut cached = 0;
         let finish: Result<&'static str, ApiError> = loop {
             let event = tokio::select! {
                 event = a.events.recv() => event,
@@ -755,6 +758,7 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                 }
             };
             match event {
+                Some(Event::Admitted { cached_rows }) => cached = cached_rows,
                 Some(Event::Token { token, logprobs }) => {
                     if first.is_none() {
                         first = Some(Instant::now());
@@ -798,7 +802,7 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                 let c = chunk(vec![content(String::new(), Some(reason), None, false)], None);
                 let _ = tx.send(Ok(data(&c))).await;
                 if a.include_usage {
-                    let c = chunk(Vec::new(), Some(UsageBody::new(a.prompt.len(), out.tokens)));
+                    let c = chunk(Vec::new(), Some(UsageBody::new(a.prompt.len(), out.tokens, cached)));
                     let _ = tx.send(Ok(data(&c))).await;
                 }
             }

@@ -611,3 +611,106 @@ fn fingerprint_follows_content_and_shape() {
     assert_ne!(a.fingerprint().digest(), c.fingerprint().digest());
     assert_eq!(c.fingerprint().capacity, 160);
 }
+
+/// The first `m` rows of a golden's prompt as `prefill_embeddings` takes them.
+fn head(dec: &Decoder, g: &Golden, m: usize) -> (mlxcel_shim::HostTensor, Positions, Extras) {
+    let hidden = dec.config().hidden;
+    let x = mlxcel_shim::HostTensor::from_slice(vec![m, hidden], &g.inputs_embeds[..m * hidden]).expect("x");
+    let positions = match &g.positions {
+        Positions::MRope(three) => Positions::MRope(three.clone().map(|s| s[..m].to_vec())),
+        Positions::OneD(p) => Positions::OneD(p[..m].to_vec()),
+        Positions::Sequential => Positions::Sequential,
+    };
+    let bidirectional = g.extras.bidirectional.iter().filter(|grp| grp.iter().all(|r| r.end <= m)).cloned().collect();
+    let injections = g
+        .extras
+        .injections
+        .iter()
+        .map(|t| {
+            let rows: Vec<f32> = t.to_vec().expect("f32");
+            mlxcel_shim::HostTensor::from_slice(vec![m, hidden], &rows[..m * hidden]).expect("injection")
+        })
+        .collect();
+    (x, positions, Extras { bidirectional, injections })
+}
+
+/// The prefix cache's primitive: a slot that held an earlier request (the prompt's first rows,
+/// then decoded tokens of its own) keeps those first rows, computes only the rest, and gives
+/// exactly the logits and the 16 greedy tokens of a cold prefill of the whole prompt in
+/// another slot: M-RoPE positions and rope deltas (Qwen2-VL), DeepStack injections (Qwen3-VL),
+/// bidirectional image blocks (Gemma 3), and a kept prefix ending mid-chunk.
+fn check_kept_prefix(name: &str, variant: &str) {
+    let mut dec = load(name, SHAPE);
+    let g = golden(name, variant);
+    let (n, vocab, hidden) = (g.input_ids.len(), dec.config().vocab, dec.config().hidden);
+    // Keep two thirds of the prompt, backed off to the start of a block it would split.
+    let mut keep = n * 2 / 3;
+    for grp in &g.extras.bidirectional {
+        let (start, end) = (grp[0].start, grp.last().expect("a run").end);
+        if start < keep && keep < end {
+            keep = start;
+        }
+    }
+    assert!(keep > 0 && keep % SHAPE.chunk != 0, "{name}/{variant}: keep {keep} must be mid-chunk");
+    let (x, positions, extras) = head(&dec, &g, keep);
+    let first = dec.prefill_embeddings(0, &x, &positions, &extras, Logits::Last).expect("earlier request");
+    let mut next = argmax(&first);
+    for _ in 0..3 {
+        next = argmax(&dec.decode(&[(0, next)]).expect("decode").remove(0));
+    }
+    assert_eq!(dec.held(0), keep + 3);
+    dec.release(0).expect("release");
+
+    let (cold, cold_tokens, _) = run(&mut dec, 1, &g, From::Embeddings);
+    let x = mlxcel_shim::HostTensor::from_slice(vec![n, hidden], &g.inputs_embeds).expect("x");
+    let warm = dec.prefill_embeddings_keeping(0, keep, &x, &g.positions, &g.extras, Logits::All).expect("warm");
+    assert_eq!(warm.len(), (n - keep) * vocab);
+    assert!(
+        warm == cold[keep * vocab..],
+        "{name}/{variant}: the rows after the kept prefix differ from a cold prefill"
+    );
+    let mut next = argmax(&warm[warm.len() - vocab..]);
+    let mut tokens = vec![next];
+    while tokens.len() < cold_tokens.len() {
+        next = argmax(&dec.decode(&[(0, next)]).expect("decode").remove(0));
+        tokens.push(next);
+    }
+    assert_eq!(tokens, cold_tokens, "{name}/{variant}: greedy tokens after a kept prefix");
+}
+
+#[test]
+fn a_kept_prefix_gives_a_cold_prefills_logits_and_tokens() {
+    check_kept_prefix("qwen2_vl", "image");
+    check_kept_prefix("qwen3_vl", "two_images");
+    check_kept_prefix("gemma3", "image");
+}
+
+/// A prompt's kept rows give exactly the cold prefill's logits on the token path too, and what
+/// cannot be kept is refused before any native call: more rows than the slot holds, the whole
+/// prompt, a bidirectional block split.
+#[test]
+fn kept_token_rows_equal_a_cold_prefill_and_impossible_keeps_are_refused() {
+    let mut dec = load("qwen3", SHAPE);
+    let g = golden("qwen3", "long");
+    let keep = g.input_ids.len() / 2;
+    let first = dec.prefill_tokens(0, &g.input_ids[..keep], Logits::Last).expect("earlier request");
+    dec.decode(&[(0, argmax(&first))]).expect("decode");
+    dec.release(0).expect("release");
+
+    let prompt = &g.input_ids;
+    let cold = dec.prefill_tokens(1, prompt, Logits::Last).expect("cold");
+    for bad in [keep + 2, prompt.len()] {
+        let err = dec.prefill_tokens_keeping(0, bad, prompt, Logits::Last).expect_err("refused");
+        assert!(matches!(err, DecoderError::Keep { .. }), "keep {bad}: {err:?}");
+    }
+    assert_eq!(dec.held(0), keep + 1, "a refused keep leaves the slot's rows");
+    let warm = dec.prefill_tokens_keeping(0, keep, prompt, Logits::Last).expect("warm");
+    assert!(warm == cold, "the logits after a kept prefix differ from a cold prefill");
+
+    let x = dec.embed(prompt).expect("embed");
+    let split = Extras { bidirectional: vec![vec![keep - 2..keep + 2]], ..Extras::default() };
+    let err = dec
+        .prefill_embeddings_keeping(0, keep, &x, &Positions::Sequential, &split, Logits::Last)
+        .expect_err("a split block is refused");
+    assert!(matches!(err, DecoderError::Extras(_)), "{err:?}");
+}

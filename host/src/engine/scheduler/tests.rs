@@ -1,7 +1,7 @@
 //! Scheduler tests: scripts of events checked against the trace of what the
 //! scheduler answers, and a seeded random walk checked against invariants.
 
-use std::{cell::Cell, collections::HashMap, fmt::Write, rc::Rc, time::Duration};
+use std::{cell::Cell, collections::HashMap, fmt::Write, ops::Range, rc::Rc, time::Duration};
 
 use rand_chacha::{
     ChaCha8Rng,
@@ -16,12 +16,41 @@ use crate::sampling::{Sampler, SamplingParams};
 #[derive(Debug)]
 struct Payload {
     rows: usize,
+    /// What its rows hold: by default media rows of an item named by `media`.
+    keys: Vec<RowKey>,
+    atomic: Vec<Range<usize>>,
     drops: Rc<Cell<usize>>,
+}
+
+impl Payload {
+    /// `rows` rows of text tokens `base + 1..` with the item `media`'s rows at `at`.
+    fn new(rows: usize, base: u32, media: u8, at: Range<usize>, atomic: bool, drops: Rc<Cell<usize>>) -> Self {
+        let keys = (0..rows)
+            .map(|i| {
+                let content = if at.contains(&i) {
+                    RowContent::Media { digest: [media; 16], row: (i - at.start) as u32, token: 99 }
+                } else {
+                    RowContent::Token(base + i as u32 + 1)
+                };
+                RowKey { content, position: [i as i32; 3] }
+            })
+            .collect();
+        let atomic = if atomic && !at.is_empty() { vec![at] } else { Vec::new() };
+        Payload { rows, keys, atomic, drops }
+    }
 }
 
 impl Prepared for Payload {
     fn rows(&self) -> usize {
         self.rows
+    }
+
+    fn row_keys(&self) -> Vec<RowKey> {
+        self.keys.clone()
+    }
+
+    fn atomic(&self) -> Vec<Range<usize>> {
+        self.atomic.clone()
     }
 }
 
@@ -69,9 +98,13 @@ fn sampler(params: SamplingParams, logprobs: Option<usize>) -> Sampler {
 /// then `-> ` and what the scheduler answered.
 ///
 /// - `config slots=N queue=N capacity=N prefills=N` (first, optional)
-/// - `submit tokens=N | embeds=ROWS logical=N [max=N] [stop=T] [rep=F]
-///   [freq=F] [logprobs=N]`: a greedy request over prompt tokens `1..=N`,
-///   with a repetition or frequency penalty `F`, reporting `N` top
+/// - `submit tokens=N | prompt=T,T,... | embeds=ROWS logical=N [media=D@S..E [bidi]] [from=B]
+///   [max=N] [stop=T] [rep=F] [freq=F] [logprobs=N]`: a greedy request
+///   whose logical prompt is tokens `1..=N` and whose cache rows are tokens
+///   `B+1..` (`B` is 100 times the submission's ordinal unless given, so that
+///   prompts share no prefix unless a script says so), the rows `S..E` of an
+///   embeddings prompt those of media item `D` (one bidirectional block with
+///   `bidi`); `prompt` lists the token prompt's rows; with a repetition or frequency penalty `F`, reporting `N` top
 ///   log-probabilities
 /// - `plan`: the next step; its prefill payloads are dropped as the engine
 ///   drops them once prefilled
@@ -84,6 +117,7 @@ fn run(script: &str) -> String {
     let mut sched = Scheduler::<Payload>::new(config(2, 4, 32, 1));
     let mut flight: Option<(Vec<RequestId>, Vec<usize>)> = None;
     let mut out = String::new();
+    let mut submitted = 0;
     for line in script.lines().map(str::trim).filter(|l| !l.is_empty()) {
         writeln!(out, "{line}").unwrap();
         let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
@@ -100,12 +134,30 @@ fn run(script: &str) -> String {
                 ))
             }
             "submit" => {
-                let (input, logical) = match num("tokens") {
-                    Some(n) => (PendingInput::Tokens((1..=n as u32).collect()), n),
-                    None => (
-                        PendingInput::Embeddings(Payload { rows: num("embeds").unwrap(), drops: drops.clone() }),
-                        num("logical").unwrap(),
-                    ),
+                let base = num("from").unwrap_or(100 * submitted) as u32;
+                submitted += 1;
+                let listed = args.get("prompt").map(|p| p.split(',').map(|t| t.parse().unwrap()).collect::<Vec<u32>>());
+                let (input, logical) = match (num("tokens"), listed) {
+                    (_, Some(tokens)) => {
+                        let n = tokens.len();
+                        (PendingInput::Tokens(tokens), n)
+                    }
+                    (Some(n), None) => (PendingInput::Tokens((base + 1..=base + n as u32).collect()), n),
+                    (None, None) => {
+                        // `media=D@S..E`: item D's rows at S..E (`bidi` makes them one block).
+                        let (media, at) = match args.get("media") {
+                            Some(m) => {
+                                let (d, span) = m.split_once('@').unwrap();
+                                let (a, b) = span.split_once("..").unwrap();
+                                (d.parse().unwrap(), a.parse().unwrap()..b.parse().unwrap())
+                            }
+                            None => (0, 0..0),
+                        };
+                        let rows = num("embeds").unwrap();
+                        let atomic = rest.split_whitespace().any(|w| w == "bidi");
+                        let payload = Payload::new(rows, base, media, at, atomic, drops.clone());
+                        (PendingInput::Embeddings(payload), num("logical").unwrap())
+                    }
                 };
                 let request = Request {
                     prompt_tokens: (1..=logical as u32).collect(),
@@ -151,7 +203,8 @@ fn plan(sched: &mut Scheduler<Payload>, out: &mut String) -> Option<(Vec<Request
         return None;
     };
     for p in &step.prefill {
-        writeln!(out, "-> prefill {} slot {} ({} rows)", p.id, p.slot, p.input.rows()).unwrap();
+        let kept = if p.keep > 0 { format!(", {} kept", p.keep) } else { String::new() };
+        writeln!(out, "-> prefill {} slot {} ({} rows{kept})", p.id, p.slot, p.input.rows()).unwrap();
     }
     if !step.decode.is_empty() {
         let slots: Vec<String> = step.decode.iter().map(|(s, t)| format!("{s}:{t}")).collect();
@@ -202,7 +255,7 @@ fn trace(actions: &[Action], out: &mut String) {
                     FinishReason::Cancelled => "cancelled".into(),
                     FinishReason::Error(e) => format!("error: {e}"),
                 };
-                let Usage { prompt_tokens, completion_tokens, cache_rows } = usage;
+                let Usage { prompt_tokens, completion_tokens, cache_rows, cached_rows: _ } = usage;
                 writeln!(
                     out,
                     "-> finished {id} {reason} (prompt {prompt_tokens}, completion {completion_tokens}, cache {cache_rows})"
@@ -756,16 +809,18 @@ fn token_actions_carry_logprobs_when_asked() {
 /// in flight), steps and failures, checked after every event: no slot is
 /// owned twice, the queue stays within its bound, no request finishes twice
 /// or gets a token after finishing, tokens carry the log-probabilities
-/// their request asked for; and at the end every accepted request
-/// finished exactly once, every slot was released and every payload dropped.
+/// their request asked for, a prefill keeps only rows the slot really holds
+/// (as the walk's own record of every write says) and never splits a block;
+/// and at the end every accepted request finished exactly once, every slot
+/// was released and every payload dropped.
 #[test]
 fn random_walks_keep_the_invariants() {
-    for seed in 0..64 {
-        random_walk(seed);
-    }
+    let kept: usize = (0..64).map(random_walk).sum();
+    assert!(kept > 0, "the walks never reused a prefix: the prefix cache went untested");
 }
 
-fn random_walk(seed: u64) {
+/// Returns the rows its prefills kept.
+fn random_walk(seed: u64) -> usize {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut below = |n: u64| rng.next_u64() % n;
     let (slots, queue_bound, capacity) = (3, 4, 24);
@@ -778,6 +833,9 @@ fn random_walk(seed: u64) {
         accepted: Vec::new(),
         payloads: 0,
         logprobs: HashMap::new(),
+        device: vec![Vec::new(); slots],
+        prefilling: HashMap::new(),
+        kept: 0,
     };
     let mut next_id = 0;
     for _ in 0..400 {
@@ -785,10 +843,17 @@ fn random_walk(seed: u64) {
             0..=3 => {
                 let rows = 1 + below(12) as usize;
                 let input = if below(2) == 0 {
-                    PendingInput::Tokens(vec![1; rows])
+                    // A shared stem, then tokens of its own: prompts share prefixes of every length.
+                    let stem = below(rows as u64 + 1) as usize;
+                    PendingInput::Tokens(
+                        (0..rows).map(|i| if i < stem { 1 + i as u32 } else { below(4) as u32 }).collect(),
+                    )
                 } else {
                     model.payloads += 1;
-                    PendingInput::Embeddings(Payload { rows, drops: drops.clone() })
+                    let start = below(rows as u64) as usize;
+                    let end = start + below((rows - start) as u64 + 1) as usize;
+                    let media = 1 + below(2) as u8;
+                    PendingInput::Embeddings(Payload::new(rows, 0, media, start..end, below(2) == 0, drops.clone()))
                 };
                 let max_tokens = if below(4) == 0 { None } else { Some(1 + below(16) as usize) };
                 let logical = 1 + below(rows as u64) as usize;
@@ -817,13 +882,15 @@ fn random_walk(seed: u64) {
                 let Some(step) = sched.plan().unwrap() else { continue };
                 model.admit(seed, &step);
                 let (n_prefill, decoded) = (step.prefill.len(), step.decode.len());
+                let prefilled: Vec<usize> = step.prefill.iter().map(|p| p.slot).collect();
+                let fed = step.decode.clone();
                 drop(step);
                 if below(5) == 0 {
                     let id = RequestId(below(next_id + 1));
                     let actions = sched.cancel(id);
                     model.apply(seed, &actions);
                 }
-                let prefill = (0..n_prefill)
+                let prefill: Vec<_> = (0..n_prefill)
                     .map(|_| if below(20) == 0 { Err("injected".into()) } else { Ok(one_hot(below(8) as u32)) })
                     .collect();
                 let decode = if below(50) == 0 {
@@ -831,6 +898,7 @@ fn random_walk(seed: u64) {
                 } else {
                     Ok((0..decoded).map(|_| one_hot(below(8) as u32)).collect())
                 };
+                model.wrote(&prefilled, &prefill, &fed, &decode);
                 let actions = sched.complete(StepResult { prefill, decode }).unwrap();
                 model.apply(seed, &actions);
             }
@@ -851,6 +919,7 @@ fn random_walk(seed: u64) {
     }
     assert_eq!(model.finished.len(), model.accepted.len(), "seed {seed}: a refused request finished");
     assert_eq!(drops.get(), model.payloads, "seed {seed}: payloads dropped");
+    model.kept
 }
 
 /// What the caller sees of the scheduler, rebuilt from its answers alone.
@@ -861,6 +930,12 @@ struct Model {
     payloads: usize,
     /// The top log-probabilities each accepted request asked for.
     logprobs: HashMap<RequestId, Option<usize>>,
+    /// What each slot's rows hold, as written by the walk's prefills and decodes; `None` rows
+    /// are unknown (a failed prefill's).
+    device: Vec<Vec<Option<RowKey>>>,
+    /// Per slot being prefilled: its prompt's rows.
+    prefilling: HashMap<usize, Vec<RowKey>>,
+    kept: usize,
 }
 
 impl Model {
@@ -869,9 +944,50 @@ impl Model {
             assert_eq!(self.owner[p.slot], None, "seed {seed}: slot {} prefilled while owned", p.slot);
             assert!(!self.finished.contains_key(&p.id), "seed {seed}: {} prefilled after finishing", p.id);
             self.owner[p.slot] = Some(p.id);
+            let (keys, atomic) = match &p.input {
+                PendingInput::Tokens(t) => (t.iter().enumerate().map(|(i, &t)| RowKey::token(t, i)).collect(), vec![]),
+                PendingInput::Embeddings(e) => (e.row_keys(), e.atomic()),
+            };
+            let held = &self.device[p.slot];
+            assert!(p.keep < keys.len(), "seed {seed}: {} keeps all {} rows", p.id, keys.len());
+            assert!(p.keep <= held.len(), "seed {seed}: {} keeps {} of {} rows held", p.id, p.keep, held.len());
+            for (row, (have, want)) in held.iter().zip(&keys).take(p.keep).enumerate() {
+                assert_eq!(have.as_ref(), Some(want), "seed {seed}: {} keeps row {row}, which differs", p.id);
+            }
+            assert!(
+                !atomic.iter().any(|r| r.start < p.keep && p.keep < r.end),
+                "seed {seed}: {} keeps {} rows, inside a block {atomic:?}",
+                p.id,
+                p.keep
+            );
+            self.kept += p.keep;
+            self.prefilling.insert(p.slot, keys);
         }
         for &(slot, _) in &step.decode {
             assert!(self.owner[slot].is_some(), "seed {seed}: decode of free slot {slot}");
+        }
+    }
+
+    /// The rows a step's prefills and decode wrote.
+    fn wrote(
+        &mut self,
+        prefilled: &[usize],
+        prefill: &[Result<Vec<f32>, String>],
+        fed: &[(usize, u32)],
+        decode: &Result<Vec<Vec<f32>>, String>,
+    ) {
+        for (slot, result) in prefilled.iter().zip(prefill) {
+            let keys = self.prefilling.remove(slot).unwrap();
+            self.device[*slot] = match result {
+                Ok(_) => keys.into_iter().map(Some).collect(),
+                Err(_) => vec![None; keys.len()],
+            };
+        }
+        // A decoded row is a token's, but not as a prefill computes it: never to be kept.
+        if decode.is_ok() {
+            for &(slot, _) in fed {
+                self.device[slot].push(None);
+            }
         }
     }
 
@@ -893,4 +1009,169 @@ impl Model {
             assert_eq!(*n, 1, "seed {seed}: {id} finished {n} times");
         }
     }
+}
+
+#[test]
+fn a_prompt_goes_to_the_slot_holding_its_longest_prefix_and_keeps_it() {
+    check(
+        "
+        config slots=2 queue=4 capacity=32
+        submit prompt=1,2,3,4 max=2
+        step
+        step
+        submit prompt=1,2,3,4,7,9 max=1
+        submit prompt=50,51 max=1
+        step prefills=2
+        step
+        submit prompt=1,2,3,4,7 max=1
+        step
+        ",
+        "
+        config slots=2 queue=4 capacity=32
+        submit prompt=1,2,3,4 max=2
+        -> r0
+        step
+        -> prefill r0 slot 0 (4 rows)
+        -> token r0 7
+        step
+        -> decode [0:7]
+        -> token r0 7
+        -> release slot 0
+        -> finished r0 length (prompt 4, completion 2, cache 5)
+        submit prompt=1,2,3,4,7,9 max=1
+        -> r1
+        submit prompt=50,51 max=1
+        -> r2
+        step prefills=2
+        -> prefill r1 slot 0 (6 rows, 4 kept)
+        -> token r1 7
+        -> release slot 0
+        -> finished r1 length (prompt 6, completion 1, cache 6)
+        step
+        -> prefill r2 slot 1 (2 rows)
+        -> token r2 7
+        -> release slot 1
+        -> finished r2 length (prompt 2, completion 1, cache 2)
+        submit prompt=1,2,3,4,7 max=1
+        -> r3
+        step
+        -> prefill r3 slot 0 (5 rows, 4 kept)
+        -> token r3 7
+        -> release slot 0
+        -> finished r3 length (prompt 5, completion 1, cache 5)
+        ",
+    );
+}
+
+#[test]
+fn media_rows_match_only_under_the_same_digest_and_a_block_is_never_split() {
+    check(
+        "
+        config slots=1 queue=4 capacity=32
+        submit embeds=8 logical=8 media=1@2..6 from=0 max=1
+        step
+        submit embeds=9 logical=9 media=1@2..6 from=0 max=1
+        step
+        submit embeds=9 logical=9 media=2@2..6 from=0 max=1
+        step
+        submit embeds=9 logical=9 media=2@2..6 bidi from=0 max=1
+        step
+        submit embeds=4 logical=4 media=2@2..6 bidi from=0 max=1
+        step
+        submit embeds=9 logical=9 media=2@2..6 from=0 max=1
+        step
+        submit embeds=9 logical=9 media=2@2..6 from=0 max=1
+        step
+        ",
+        "
+        config slots=1 queue=4 capacity=32
+        submit embeds=8 logical=8 media=1@2..6 from=0 max=1
+        -> r0
+        step
+        -> prefill r0 slot 0 (8 rows)
+        -> token r0 7
+        -> release slot 0
+        -> finished r0 length (prompt 8, completion 1, cache 8)
+        submit embeds=9 logical=9 media=1@2..6 from=0 max=1
+        -> r1
+        step
+        -> prefill r1 slot 0 (9 rows, 8 kept)
+        -> token r1 7
+        -> release slot 0
+        -> finished r1 length (prompt 9, completion 1, cache 9)
+        submit embeds=9 logical=9 media=2@2..6 from=0 max=1
+        -> r2
+        step
+        -> prefill r2 slot 0 (9 rows, 2 kept)
+        -> token r2 7
+        -> release slot 0
+        -> finished r2 length (prompt 9, completion 1, cache 9)
+        submit embeds=9 logical=9 media=2@2..6 bidi from=0 max=1
+        -> r3
+        step
+        -> prefill r3 slot 0 (9 rows, 8 kept)
+        -> token r3 7
+        -> release slot 0
+        -> finished r3 length (prompt 9, completion 1, cache 9)
+        submit embeds=4 logical=4 media=2@2..6 bidi from=0 max=1
+        -> r4
+        step
+        -> prefill r4 slot 0 (4 rows, 2 kept)
+        -> token r4 7
+        -> release slot 0
+        -> finished r4 length (prompt 4, completion 1, cache 4)
+        submit embeds=9 logical=9 media=2@2..6 from=0 max=1
+        -> r5
+        step
+        -> prefill r5 slot 0 (9 rows, 4 kept)
+        -> token r5 7
+        -> release slot 0
+        -> finished r5 length (prompt 9, completion 1, cache 9)
+        submit embeds=9 logical=9 media=2@2..6 from=0 max=1
+        -> r6
+        step
+        -> prefill r6 slot 0 (9 rows, 8 kept)
+        -> token r6 7
+        -> release slot 0
+        -> finished r6 length (prompt 9, completion 1, cache 9)
+        ",
+    );
+}
+
+#[test]
+fn a_failed_prefill_leaves_nothing_to_reuse() {
+    check(
+        "
+        config slots=1 queue=4 capacity=32
+        submit prompt=1,2,3,4 max=1
+        step r0=err
+        submit prompt=1,2,3,4 max=1
+        step
+        submit prompt=1,2,3,4 max=1
+        step
+        ",
+        "
+        config slots=1 queue=4 capacity=32
+        submit prompt=1,2,3,4 max=1
+        -> r0
+        step r0=err
+        -> prefill r0 slot 0 (4 rows)
+        -> release slot 0
+        -> finished r0 error: injected failure (prompt 4, completion 0, cache 0)
+        submit prompt=1,2,3,4 max=1
+        -> r1
+        step
+        -> prefill r1 slot 0 (4 rows)
+        -> token r1 7
+        -> release slot 0
+        -> finished r1 length (prompt 4, completion 1, cache 4)
+        submit prompt=1,2,3,4 max=1
+        -> r2
+        step
+        -> prefill r2 slot 0 (4 rows, 3 kept)
+        -> token r2 7
+        -> release slot 0
+        -> finished r2 length (prompt 4, completion 1, cache 4)
+        ",
+    );
 }
