@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+mod encoder_cache;
 mod exec;
 mod generate;
 mod layout;

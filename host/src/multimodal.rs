@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use mlxcel_decoder::prefill::{Injection, Mode, Placement as ProgramPlacement, Program};
@@ -14,11 +15,13 @@ use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
 use mlxcel_host::engine::RowContent;
 use mlxcel_plugin_api::{
     Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError,
-    ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaItem, Modality, ModelConfig, PlaceMode, PluginSet,
-    Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor, TensorSpec,
+    ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaGrid, MediaItem, Modality, ModelConfig, PlaceMode,
+    PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor,
+    TensorSpec,
 };
 use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Parameters, Session};
 
+use crate::encoder_cache::{Encoded, EncoderCache};
 use crate::exec::{DeviceArgs, compile};
 
 /// Compiler flags for encoder graphs. Encoders multiply hundreds of rows, so
@@ -45,6 +48,8 @@ pub(crate) struct MediaModel<'a> {
     /// the parsed configuration (processor settings included), the preprocessing options and
     /// the checkpoint's weights.
     identity: [u8; 32],
+    /// Encoded items by digest (the server's; `generate` keeps none).
+    cache: Option<EncoderCache>,
 }
 
 /// A media item's content digest (128 bits of sha256 over the encoder identity and the item's
@@ -74,7 +79,16 @@ impl<'a> MediaModel<'a> {
         let prompt_start = resolve_prompt_start(&config, model)?;
         let weights = mlxcel_host::decoder::weights_identity(&Checkpoint::open(model)?);
         let identity = encoder_identity(plugin, &config, &preprocess_options(plugin), &weights);
-        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine"), prompt_start, identity })
+        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine"), prompt_start, identity, cache: None })
+    }
+
+    /// Keeps encoded items in an encoder cache of `budget` bytes.
+    pub(crate) fn with_encoder_cache(self, budget: u64) -> Self {
+        Self { cache: Some(EncoderCache::new(budget)), ..self }
+    }
+
+    pub(crate) fn encoder_cache(&self) -> Option<&EncoderCache> {
+        self.cache.as_ref()
     }
 
     /// The digest of one item's bytes under this model's encoder identity.
@@ -139,23 +153,29 @@ impl<'a> MediaModel<'a> {
     }
 
     /// Preprocesses every image (encoded bytes, in prompt order), refusing any whose declared
-    /// size exceeds `max_input_pixels` before decoding it. A failure is the input's unless the
-    /// plugin reports a fault of its own.
-    pub(crate) fn request(&self, images: &[Vec<u8>], max_input_pixels: u64) -> Result<MediaRequest<'a>, MediaError> {
+    /// size exceeds `max_input_pixels` before decoding it; an image the encoder cache holds is
+    /// taken from it instead. A failure is the input's unless the plugin reports a fault of its
+    /// own.
+    pub(crate) fn request(&'a self, images: &[Vec<u8>], max_input_pixels: u64) -> Result<MediaRequest<'a>, MediaError> {
         let mut items = Vec::new();
         for (index, bytes) in images.iter().enumerate() {
+            let digest = self.digest(bytes);
+            if let Some(encoded) = self.cache.as_ref().and_then(|c| c.get(&digest)) {
+                items.push((Item::Encoded(encoded), digest));
+                continue;
+            }
             let item = self.item(bytes, max_input_pixels).with_context(|| format!("image {}", index + 1));
-            items.push((item.map_err(|e| MediaError::classify(e, Fault::Input))?, self.digest(bytes)));
+            items.push((Item::Preprocessed(item.map_err(|e| MediaError::classify(e, Fault::Input))?), digest));
         }
-        Ok(self.assemble(items))
+        Ok(self.assemble(items, self.cache.as_ref()))
     }
 
     fn item(&self, bytes: &[u8], max_input_pixels: u64) -> Result<Preprocessed> {
         preprocess_limited(self.plugin, &self.config, Modality::Image, bytes, max_input_pixels)
     }
 
-    fn assemble(&self, items: Vec<(Preprocessed, Digest)>) -> MediaRequest<'a> {
-        let metas = items.iter().map(|(p, _)| ItemMeta { modality: Modality::Image, grid: p.grid.clone() }).collect();
+    fn assemble(&self, items: Vec<(Item, Digest)>, cache: Option<&'a EncoderCache>) -> MediaRequest<'a> {
+        let metas = items.iter().map(|(p, _)| ItemMeta { modality: Modality::Image, grid: p.grid().clone() }).collect();
         let (items, digests) = items.into_iter().unzip();
         MediaRequest {
             plugin: self.plugin,
@@ -164,6 +184,7 @@ impl<'a> MediaModel<'a> {
             digests,
             metas,
             prompt_start: self.prompt_start,
+            cache,
         }
     }
 }
@@ -270,12 +291,29 @@ pub(crate) fn started(mut ids: Vec<u32>, start: Option<u32>) -> Vec<u32> {
 /// `Image.MAX_IMAGE_PIXELS`): larger ones are refused as decompression bombs.
 pub(crate) const MAX_INPUT_PIXELS: u64 = 89_478_485;
 
+/// One item of a request: preprocessed, or already encoded (an encoder-cache hit).
+enum Item {
+    Preprocessed(Preprocessed),
+    Encoded(Arc<Encoded>),
+}
+
+impl Item {
+    fn grid(&self) -> &MediaGrid {
+        match self {
+            Item::Preprocessed(p) => &p.grid,
+            Item::Encoded(e) => &e.grid,
+        }
+    }
+}
+
 /// A request's images, preprocessed by the family plugin of the checkpoint.
 pub(crate) struct MediaRequest<'a> {
     plugin: &'a LoadedPlugin,
     config: ModelConfig,
-    items: Vec<Preprocessed>,
+    items: Vec<Item>,
     digests: Vec<Digest>,
+    /// Where encoded items go, when the model keeps an encoder cache.
+    cache: Option<&'a EncoderCache>,
     metas: Vec<ItemMeta>,
     prompt_start: Option<u32>,
 }
@@ -304,9 +342,9 @@ impl<'a> MediaRequest<'a> {
             let item = media
                 .item(&bytes, MAX_INPUT_PIXELS)
                 .with_context(|| format!("cannot use {} as an image", path.display()))?;
-            items.push((item, media.digest(&bytes)));
+            items.push((Item::Preprocessed(item), media.digest(&bytes)));
         }
-        Ok(media.assemble(items))
+        Ok(media.assemble(items, None))
     }
 
     /// Expands the rendered prompt's placeholders with the plugin's layout and tokenizes the
@@ -371,8 +409,18 @@ impl<'a> MediaRequest<'a> {
                 .get(index)
                 .zip(self.metas.get(index))
                 .with_context(|| format!("the contract places item {index}, which the request does not have"))?;
-            // Each item through its own modality's encoder.
-            encoders.encode_all(self.plugin, &self.config, meta.modality, item)
+            match item {
+                Item::Encoded(encoded) => Ok(encoded.outputs.clone()),
+                Item::Preprocessed(item) => {
+                    // Each item through its own modality's encoder.
+                    let outputs = encoders.encode_all(self.plugin, &self.config, meta.modality, item)?;
+                    if let (Some(cache), Some(digest)) = (self.cache, self.digests.get(index)) {
+                        let encoded = Encoded { grid: item.grid.clone(), outputs: outputs.clone() };
+                        cache.insert(*digest, Arc::new(encoded));
+                    }
+                    Ok(outputs)
+                }
+            }
         })?;
         Ok((embeddings, positions, extras, contents))
     }
@@ -412,17 +460,21 @@ fn encoder_identity(
     options: &PreprocessOptions,
     weights: &str,
 ) -> [u8; 32] {
-    use sha2::Digest as _;
-    let mut h = sha2::Sha256::new();
-    for part in [
-        "mlxcel encoder identity 1",
+    identity_of(&[
         plugin.name(),
         plugin.manifest().plugin.sha256.as_str(),
         &format!("{:?}", config.summary),
         config.family.as_str(),
         &format!("{options:?}"),
         weights,
-    ] {
+    ])
+}
+
+/// sha256 over `parts`, each length-prefixed.
+fn identity_of(parts: &[&str]) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for part in std::iter::once("mlxcel encoder identity 1").chain(parts.iter().copied()) {
         // Length-prefixed, so no two different part lists hash the same bytes.
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
@@ -1034,6 +1086,22 @@ mod tests {
             serde_json::json!({"image_processor": {"resample": 2}}),
             "transformers 5's nested form wins"
         );
+    }
+
+    #[test]
+    fn digests_differ_by_bytes_and_by_every_part_of_the_encoder_identity() {
+        let parts = ["qwen2_vl", "ab12", "summary", "{\"patch\":14}", "max_pixels: 1000", "weights-1"];
+        let identity = identity_of(&parts);
+        let (png, other) = (b"an image".as_slice(), b"another image".as_slice());
+        assert_eq!(media_digest(&identity, png), media_digest(&identity_of(&parts), png), "the same bytes hit");
+        assert_ne!(media_digest(&identity, png), media_digest(&identity, other), "other bytes miss");
+        for i in 0..parts.len() {
+            let mut changed = parts;
+            changed[i] = "changed";
+            assert_ne!(media_digest(&identity_of(&changed), png), media_digest(&identity, png), "part {i}");
+        }
+        // Parts are length-prefixed: moving a boundary changes the identity.
+        assert_ne!(identity_of(&["ab", "c"]), identity_of(&["a", "bc"]));
     }
 
     #[test]

@@ -135,6 +135,10 @@ pub struct SchedulerConfig {
     pub prefills_per_step: usize,
     /// The `Retry-After` hint of a queue-full refusal.
     pub retry_after: Duration,
+    /// Whether a prefill may keep a free slot's rows (off: every prefill is cold, and no
+    /// request's rows are reused for another, for servers whose tenants must not share even
+    /// timing).
+    pub prefix_cache: bool,
 }
 
 /// Why a request was refused at submission; nothing of it is kept.
@@ -493,6 +497,9 @@ impl<P: Prepared> Scheduler<P> {
     /// never ending strictly inside an `atomic` range.
     fn choose_slot(&self, rows: &[RowKey], atomic: &[Range<usize>]) -> (usize, usize) {
         let keep = |held: &Held| {
+            if !self.config.prefix_cache {
+                return 0;
+            }
             let shared = held.rows.iter().zip(rows).take_while(|(a, b)| a == b).count();
             let mut keep = shared.min(rows.len().saturating_sub(1));
             if let Some(r) = atomic.iter().find(|r| r.start < keep && keep < r.end) {

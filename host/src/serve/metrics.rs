@@ -1,10 +1,13 @@
 //! `/metrics` in the Prometheus text format: queue depth and active slots (set by the engine
-//! thread), time-to-first-token and time-per-output-token histograms, token and request counters.
+//! thread), time-to-first-token and time-per-output-token histograms, token and request counters,
+//! the prefix cache's reuse and the encoder cache's hits, misses and bytes.
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::encoder_cache::EncoderCache;
 
 /// Histogram bucket upper bounds in seconds.
 const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -58,10 +61,11 @@ pub(crate) struct Metrics {
     outcomes: Mutex<Vec<(&'static str, u64)>>,
     ttft: Mutex<Histogram>,
     tpot: Mutex<Histogram>,
+    encoder_cache: Option<&'static EncoderCache>,
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(encoder_cache: Option<&'static EncoderCache>) -> Self {
         Metrics {
             queue_depth: AtomicU64::new(0),
             active_slots: AtomicU64::new(0),
@@ -71,6 +75,7 @@ impl Metrics {
             outcomes: Mutex::new(Vec::new()),
             ttft: Mutex::new(Histogram::new(&TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(&TPOT_BUCKETS)),
+            encoder_cache,
         }
     }
 
@@ -144,6 +149,26 @@ impl Metrics {
                 let _ = writeln!(out, "mlxcel_requests_total{{outcome=\"{outcome}\"}} {n}");
             }
         }
+        if let Some(cache) = self.encoder_cache {
+            let stats = cache.stats();
+            let lookups = "Media items looked up in the encoder cache";
+            counter(&mut out, "mlxcel_encoder_cache_hits_total", &format!("{lookups} and found."), stats.hits);
+            counter(&mut out, "mlxcel_encoder_cache_misses_total", &format!("{lookups} and not found."), stats.misses);
+            counter(
+                &mut out,
+                "mlxcel_encoder_cache_evictions_total",
+                "Encoded items dropped to stay within the budget.",
+                stats.evictions,
+            );
+            gauge(&mut out, "mlxcel_encoder_cache_entries", "Encoded items held.", stats.entries);
+            gauge(&mut out, "mlxcel_encoder_cache_bytes", "Bytes of encoder outputs held.", stats.bytes);
+            gauge(
+                &mut out,
+                "mlxcel_encoder_cache_budget_bytes",
+                "The cache's bound (--encoder-cache-mb).",
+                stats.budget,
+            );
+        }
         if let Ok(h) = self.ttft.lock() {
             h.render("mlxcel_time_to_first_token_seconds", "Request arrival to first token.", &mut out);
         }
@@ -160,7 +185,7 @@ mod tests {
 
     #[test]
     fn histograms_are_cumulative_and_counters_add_up() {
-        let m = Metrics::new();
+        let m = Metrics::new(None);
         m.first_token(Duration::from_millis(30));
         m.first_token(Duration::from_secs(3));
         m.finished("stop", 10, 5, Duration::from_millis(40));

@@ -81,6 +81,14 @@ pub(crate) struct ServeArgs {
     /// Only for a server no untrusted client can reach.
     #[arg(long, requires = "allow_remote_images")]
     allow_private_image_hosts: bool,
+    /// Megabytes of encoder outputs kept for images sent again (a conversation resends its
+    /// image every turn): a hit skips decoding, preprocessing and the encoder. 0 keeps none.
+    #[arg(long, default_value_t = 128)]
+    encoder_cache_mb: u64,
+    /// Prefill every prompt whole: no request keeps the rows an earlier one left in its slot
+    /// (the prefix cache; on by default).
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Requests prepared at once (template, tokenizer, image decoding and preprocessing).
     #[arg(long, default_value_t = 2)]
     prepare_workers: usize,
@@ -126,6 +134,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
                 // would advertise images it cannot encode.
                 Ok(media) => {
                     media.check_checkpoint(&dir)?;
+                    let media = media.with_encoder_cache(args.encoder_cache_mb.saturating_mul(1 << 20));
                     Some(Box::leak(Box::new(media)))
                 }
                 Err(e) => {
@@ -146,7 +155,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             )
         })
         .transpose()?;
-    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics = Arc::new(metrics::Metrics::new(media.and_then(|m| m.encoder_cache())));
     let device_args: &'static DeviceArgs = Box::leak(Box::new(args.device.clone()));
     let shape = BundleShape { chunk: args.chunk, capacity: args.context, slots: args.slots };
     let load_dir = dir.clone();
@@ -178,6 +187,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         capacity: args.context,
         queue_bound: args.queue,
         prefills_per_step: 1,
+        prefix_cache: !args.no_prefix_cache,
         retry_after: Duration::from_secs(1),
     };
     let started = Instant::now();

@@ -280,6 +280,44 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     assert!(stderr.contains("stopped"), "{stderr}");
 }
 
+/// A conversation about one image, each turn sent twice: with the encoder and prefix caches the
+/// repeated image is encoded once and each prompt keeps the rows an earlier one shares, and every
+/// answer equals the one a server without either cache gives (token for token).
+#[test]
+fn a_conversation_reuses_its_image_and_prompt_prefix_and_answers_as_without_the_caches() {
+    let server = Server::start(&["--slots", "2"]);
+    let warm = server.scenario("conversation");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+    let server = Server::start(&["--slots", "2", "--no-prefix-cache", "--encoder-cache-mb", "0"]);
+    let cold = server.scenario("conversation");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+
+    for turn in ["first", "first_again", "second", "second_again", "other_image"] {
+        assert_eq!(warm[turn]["tokens"], cold[turn]["tokens"], "{turn}: the caches changed the answer");
+        assert_eq!(cold[turn]["cached_tokens"], 0, "{turn}: {cold}");
+        assert_eq!(cold[turn]["encoder_hits"], 0.0, "{turn}: {cold}");
+    }
+    let n = |turn: &str, key: &str| warm[turn][key].as_u64().unwrap_or_else(|| panic!("{turn}.{key}: {warm}"));
+    // The first turn is cold; sent again, it keeps all its rows but the last and encodes nothing.
+    assert_eq!((n("first", "cached_tokens"), warm["first"]["encoder_misses"].as_f64()), (0, Some(1.0)), "{warm}");
+    assert_eq!(n("first_again", "cached_tokens"), n("first", "prompt_tokens") - 1, "{warm}");
+    assert_eq!(warm["first_again"]["encoder_hits"], 1.0, "{warm}");
+    // The second turn keeps at least the whole first prompt (its image included); the answer's
+    // rows were decoded, which a prefill does not reuse.
+    assert!(n("second", "cached_tokens") >= n("first", "prompt_tokens") - 1, "{warm}");
+    assert!(n("second", "cached_tokens") < n("second", "prompt_tokens"), "{warm}");
+    assert_eq!(warm["second"]["encoder_hits"], 1.0, "{warm}");
+    assert_eq!(n("second_again", "cached_tokens"), n("second", "prompt_tokens") - 1, "{warm}");
+    // Another image after the same words: a miss, and only the rows before the image kept.
+    assert_eq!(warm["other_image"]["encoder_misses"], 1.0, "{warm}");
+    assert!(n("other_image", "cached_tokens") < 10, "{warm}");
+    let reused: u64 =
+        ["first_again", "second", "second_again", "other_image"].iter().map(|t| n(t, "cached_tokens")).sum();
+    assert_eq!(warm["prefix_rows_reused"].as_f64(), Some(reused as f64), "{warm}");
+}
+
 #[test]
 fn shutdown_lets_a_running_stream_finish_and_turns_new_requests_away() {
     let mut server = Server::start(&["--slots", "2"]);

@@ -257,6 +257,56 @@ def scenario_client_fields(client, args):
     return seen
 
 
+def scenario_conversation(client, args):
+    """A two-turn conversation about one image, each turn sent twice, as a chat client resends the
+    whole history: what each turn answers, the prompt rows it reports cached, and the encoder
+    cache's counters around it. The test compares a server with both caches against one without."""
+    golden = json.loads((args.fixture / "goldens" / "image.json").read_text())
+    messages = golden_messages(args.fixture, golden)
+    hits, misses = "mlxcel_encoder_cache_hits_total", "mlxcel_encoder_cache_misses_total"
+
+    def turn(history):
+        before = (metric(args.base_url, hits), metric(args.base_url, misses))
+        r = client.chat.completions.create(
+            model=args.model, messages=history, logprobs=True, extra_body=IGNORE_EOS, **GREEDY
+        )
+        after = (metric(args.base_url, hits), metric(args.base_url, misses))
+        details = r.usage.prompt_tokens_details
+        return {
+            "tokens": [e.token for e in r.choices[0].logprobs.content],
+            "text": r.choices[0].message.content,
+            "prompt_tokens": r.usage.prompt_tokens,
+            "cached_tokens": details.cached_tokens if details else None,
+            "encoder_hits": after[0] - before[0],
+            "encoder_misses": after[1] - before[1],
+        }
+
+    first = turn(messages)
+    again = turn(messages)
+    assert again["tokens"] == first["tokens"], (again, first)
+    second_history = messages + [
+        {"role": "assistant", "content": first["text"]},
+        {"role": "user", "content": [{"type": "text", "text": "And what colours does it have?"}]},
+    ]
+    second = turn(second_history)
+    second_again = turn(second_history)
+    assert second_again["tokens"] == second["tokens"], (second_again, second)
+    # The same words about another image: only the rows before the image are kept.
+    other = json.loads(json.dumps(messages))
+    for part in other[-1]["content"]:
+        if part["type"] == "image_url":
+            part["image_url"]["url"] = data_url(args.fixture / "inputs" / "tall.png")
+    other_image = turn(other)
+    return {
+        "other_image": other_image,
+        "first": first,
+        "first_again": again,
+        "second": second,
+        "second_again": second_again,
+        "prefix_rows_reused": metric(args.base_url, "mlxcel_prefix_cache_reused_rows_total"),
+    }
+
+
 def metric(base, name):
     with urllib.request.urlopen(base.removesuffix("/v1") + "/metrics") as response:
         text = response.read().decode()

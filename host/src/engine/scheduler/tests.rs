@@ -77,7 +77,14 @@ fn ramp() -> Vec<f32> {
 }
 
 fn config(slots: usize, queue_bound: usize, capacity: usize, prefills_per_step: usize) -> SchedulerConfig {
-    SchedulerConfig { slots, capacity, queue_bound, prefills_per_step, retry_after: Duration::from_secs(2) }
+    SchedulerConfig {
+        slots,
+        capacity,
+        queue_bound,
+        prefills_per_step,
+        retry_after: Duration::from_secs(2),
+        prefix_cache: true,
+    }
 }
 
 fn greedy() -> Sampler {
