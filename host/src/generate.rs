@@ -174,7 +174,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     // Media first: the plugin, its capability gate and every image are checked before any
     // compile.
     let plugins;
-    let (media, spec, start) = if args.images.is_empty() {
+    let (mut media, spec, start) = if args.images.is_empty() {
         // A text prompt still takes the decoder (and the prompt start) the checkpoint's plugin
         // declares, when a plugin directory is given and one accepts it.
         let (spec, start) = match args.plugins.dir() {
@@ -258,11 +258,11 @@ fn run(args: &GenerateArgs) -> Result<()> {
 
     let slot = 0;
     let started = Instant::now();
-    let logits = match &media {
+    let logits = match &mut media {
         None => decoder.prefill_tokens(slot, &ids, Logits::Last).context("prefill")?,
         Some(media) => {
-            let mut encoders = Encoders::new(dir, &args.device);
-            let (embeddings, positions, extras, _) = media.prefill_input(&mut decoder, &ids, &mut encoders)?;
+            media.encode(&mut Encoders::new(dir, &args.device))?;
+            let (embeddings, positions, extras, _) = media.prefill_input(&mut decoder, &ids)?;
             decoder.prefill_embeddings(slot, &embeddings, &positions, &extras, Logits::Last).context("prefill")?
         }
     };

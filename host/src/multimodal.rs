@@ -380,48 +380,53 @@ impl<'a> MediaRequest<'a> {
         Ok(ids)
     }
 
-    /// Encodes every item, asks the plugin's contract where the features go and merges them into
+    /// Runs each item not encoded yet through its modality's encoder, once, keeping the outputs
+    /// in the encoder cache when there is one. A failure is ours (compiling or running an
+    /// encoder) unless the plugin blames the input.
+    pub(crate) fn encode(&mut self, encoders: &mut Encoders) -> Result<(), MediaError> {
+        for index in 0..self.items.len() {
+            let Item::Preprocessed(item) = &self.items[index] else { continue };
+            let modality = self.metas.get(index).map_or(Modality::Image, |m| m.modality);
+            let outputs = encoders
+                .encode_all(self.plugin, &self.config, modality, item)
+                .with_context(|| format!("encoding item {}", index + 1))
+                .map_err(|e| MediaError::classify(e, Fault::Server))?;
+            let encoded = Arc::new(Encoded { grid: item.grid.clone(), outputs });
+            if let (Some(cache), Some(digest)) = (self.cache, self.digests.get(index)) {
+                cache.insert(*digest, Arc::clone(&encoded));
+            }
+            self.items[index] = Item::Encoded(encoded);
+        }
+        Ok(())
+    }
+
+    /// Asks the plugin's contract where the encoded items' features go and merges them into
     /// the text embeddings of `ids`: what `Decoder::prefill_embeddings` takes, with what each
-    /// row holds (a token, or a row of an item named by its digest). A failure is ours
-    /// (compiling or running an encoder, a contract the decoder cannot apply) unless the plugin
-    /// blames the input.
+    /// row holds (a token, or a row of an item named by its digest). Every item must have been
+    /// encoded ([`MediaRequest::encode`]). A failure is ours (a contract the decoder cannot
+    /// apply) unless the plugin blames the input.
     pub(crate) fn prefill_input(
         &self,
         decoder: &mut Decoder,
         ids: &[u32],
-        encoders: &mut Encoders,
     ) -> Result<(HostTensor, Positions, Extras, Vec<RowContent>), MediaError> {
-        self.prefill_input_inner(decoder, ids, encoders).map_err(|e| MediaError::classify(e, Fault::Server))
+        self.prefill_input_inner(decoder, ids).map_err(|e| MediaError::classify(e, Fault::Server))
     }
 
     fn prefill_input_inner(
         &self,
         decoder: &mut Decoder,
         ids: &[u32],
-        encoders: &mut Encoders,
     ) -> Result<(HostTensor, Positions, Extras, Vec<RowContent>)> {
         let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
         let contract = self.plugin.prefill_program(&self.config, &request)?;
         let contents = row_contents(ids, &contract, &self.digests)?;
-        let (embeddings, positions, extras) = contract_input(decoder, ids, &contract, self.plugin.name(), |index| {
-            let (item, meta) = self
-                .items
-                .get(index)
-                .zip(self.metas.get(index))
-                .with_context(|| format!("the contract places item {index}, which the request does not have"))?;
-            match item {
-                Item::Encoded(encoded) => Ok(encoded.outputs.clone()),
-                Item::Preprocessed(item) => {
-                    // Each item through its own modality's encoder.
-                    let outputs = encoders.encode_all(self.plugin, &self.config, meta.modality, item)?;
-                    if let (Some(cache), Some(digest)) = (self.cache, self.digests.get(index)) {
-                        let encoded = Encoded { grid: item.grid.clone(), outputs: outputs.clone() };
-                        cache.insert(*digest, Arc::new(encoded));
-                    }
-                    Ok(outputs)
-                }
-            }
-        })?;
+        let (embeddings, positions, extras) =
+            contract_input(decoder, ids, &contract, self.plugin.name(), |index| match self.items.get(index) {
+                Some(Item::Encoded(encoded)) => Ok(encoded.outputs.clone()),
+                Some(Item::Preprocessed(_)) => bail!("invariant: item {index} was merged before it was encoded"),
+                None => bail!("the contract places item {index}, which the request does not have"),
+            })?;
         Ok((embeddings, positions, extras, contents))
     }
 }

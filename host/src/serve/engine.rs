@@ -201,7 +201,7 @@ impl Engine {
         let Job { prompt, media, max_tokens, stop_tokens, sampler, events } = job;
         let input = match media {
             None => PendingInput::Tokens(prompt.clone()),
-            Some(media) => {
+            Some(mut media) => {
                 // Encoding is expensive: refuse a full queue before doing it.
                 let config = self.scheduler.config();
                 if self.scheduler.queue_len() >= config.queue_bound {
@@ -215,12 +215,16 @@ impl Engine {
                     let _ = events.send(Event::Refused(Refusal::Media(e)));
                     return;
                 };
-                let prepared = media.prefill_input(&mut self.decoder, &prompt, encoders).and_then(
-                    |(embeddings, positions, extras, contents)| {
+                // The encoder runs here, on the one thread IREE may be used on in this process
+                // (see `mlxcel_shim`'s lock): every running stream waits for it. An encoder-cache
+                // hit skips it.
+                let prepared = media
+                    .encode(encoders)
+                    .and_then(|()| media.prefill_input(&mut self.decoder, &prompt))
+                    .and_then(|(embeddings, positions, extras, contents)| {
                         PreparedPrompt::new(embeddings, positions, extras, contents)
                             .map_err(|e| MediaError::server(anyhow::Error::new(e)))
-                    },
-                );
+                    });
                 match prepared {
                     Ok(prompt) => PendingInput::Embeddings(prompt),
                     Err(e) => {
