@@ -58,9 +58,9 @@ pub enum DecoderError {
     #[error("{used} cache rows plus {adding} new tokens exceed the context capacity of {capacity}")]
     CapacityExceeded { used: usize, adding: usize, capacity: usize },
     #[error(
-        "cannot keep {keep} rows of a {rows}-row prompt: at most the {held} rows the slot holds, and one row fewer than the prompt"
+        "cannot prefill rows {part:?} of a {rows}-row prompt: a part starts at most at the {held} rows the slot holds, ends at a prefill call's end or the prompt's, and is not empty"
     )]
-    Keep { keep: usize, rows: usize, held: usize },
+    Part { part: Range<usize>, rows: usize, held: usize },
     #[error("invalid prefill embeddings: {0}")]
     Embeddings(String),
     #[error("invalid prefill extras: {0}")]
@@ -336,24 +336,26 @@ impl Decoder {
     /// Prefills `slot` from scratch with `tokens`, in chunks, and returns the
     /// logits `rows` asks for (row-major f32).
     pub fn prefill_tokens(&mut self, slot: usize, tokens: &[u32], rows: Logits) -> Result<Vec<f32>, DecoderError> {
-        self.prefill_tokens_keeping(slot, 0, tokens, rows)
+        self.prefill_tokens_rows(slot, 0..tokens.len(), tokens, rows)
     }
 
-    /// Prefills `slot` with `tokens` keeping its first `keep` rows, which the caller knows to
-    /// hold exactly what prefilling `tokens[..keep]` writes (a prefix its last request shares):
-    /// only `tokens[keep..]` are computed, and `rows` counts from `keep` (`Logits::All` returns
-    /// the rows after it). At most [`Decoder::held`] rows can be kept, and at least one row is
-    /// computed.
-    pub fn prefill_tokens_keeping(
+    /// Computes rows `part` of the prompt `tokens` in `slot`, whose first `part.start` rows the
+    /// caller knows to hold exactly what prefilling `tokens[..part.start]` writes: a prefix the
+    /// slot's last request shares (at most [`Decoder::held`] rows), or the rows an earlier part
+    /// of this prefill wrote. `part` ends at the prompt's end or at a prefill call's end as a
+    /// whole prefill from `part.start` makes them ([`chunk_spans`]), so that the parts compute
+    /// exactly what a whole prefill does. `rows` counts from `part.start` (`Logits::All` returns
+    /// the part's rows; `Logits::Last` the prompt's last row, empty for a part before it).
+    pub fn prefill_tokens_rows(
         &mut self,
         slot: usize,
-        keep: usize,
+        part: Range<usize>,
         tokens: &[u32],
         rows: Logits,
     ) -> Result<Vec<f32>, DecoderError> {
         self.check_tokens(tokens)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.prefill(slot, keep, Prefill::Tokens(&ids), &Positions::Sequential, rows)
+        self.prefill(slot, part, Prefill::Tokens(&ids), &Positions::Sequential, rows)
     }
 
     /// Prefills `slot` from prepared embeddings `[n, hidden]` in the bundle's
@@ -369,17 +371,18 @@ impl Decoder {
         extras: &Extras,
         rows: Logits,
     ) -> Result<Vec<f32>, DecoderError> {
-        self.prefill_embeddings_keeping(slot, 0, embeddings, positions, extras, rows)
+        let n = embeddings.shape().first().copied().unwrap_or(0);
+        self.prefill_embeddings_rows(slot, 0..n, embeddings, positions, extras, rows)
     }
 
-    /// [`Decoder::prefill_embeddings`] keeping the slot's first `keep` rows, as
-    /// [`Decoder::prefill_tokens_keeping`] does: `embeddings`, `positions` and `extras` describe
-    /// the whole prompt, and `keep` may not fall strictly inside a bidirectional group's span
-    /// (the group's rows are computed in one call).
-    pub fn prefill_embeddings_keeping(
+    /// Rows `part` of a prompt prefilled from embeddings, as [`Decoder::prefill_tokens_rows`]
+    /// computes a part: `embeddings`, `positions` and `extras` describe the whole prompt, and
+    /// neither end of `part` may fall strictly inside a bidirectional group's span (the group's
+    /// rows are computed in one call).
+    pub fn prefill_embeddings_rows(
         &mut self,
         slot: usize,
-        keep: usize,
+        part: Range<usize>,
         embeddings: &HostTensor,
         positions: &Positions,
         extras: &Extras,
@@ -433,13 +436,14 @@ impl Decoder {
                 )));
             }
         }
-        if let Some(span) = extras.bidirectional.iter().filter_map(|g| span(g)).find(|s| s.start < keep && keep < s.end)
-        {
+        let splits =
+            |at: usize| extras.bidirectional.iter().filter_map(|g| span(g)).find(|s| s.start < at && at < s.end);
+        if let Some(span) = splits(part.start).or_else(|| splits(part.end)) {
             return Err(DecoderError::Extras(format!(
-                "keeping {keep} rows would split the bidirectional block {span:?}, which is computed in one call"
+                "the rows {part:?} would split the bidirectional block {span:?}, which is computed in one call"
             )));
         }
-        self.prefill(slot, keep, Prefill::Embeddings(embeddings, extras), positions, rows)
+        self.prefill(slot, part, Prefill::Embeddings(embeddings, extras), positions, rows)
     }
 
     /// The factor the token paths (`prefill_tokens`, `decode`) apply to embedding rows before
@@ -594,7 +598,7 @@ impl Decoder {
     fn prefill(
         &mut self,
         slot: usize,
-        keep: usize,
+        part: Range<usize>,
         input: Prefill<'_>,
         positions: &Positions,
         rows: Logits,
@@ -611,22 +615,27 @@ impl Decoder {
         if n > capacity {
             return Err(DecoderError::CapacityExceeded { used: 0, adding: n, capacity });
         }
-        if keep >= n || keep > self.held[slot] {
-            return Err(DecoderError::Keep { keep, rows: n, held: self.held[slot] });
+        if part.start >= part.end || part.end > n || part.start > self.held[slot] {
+            return Err(DecoderError::Part { part, rows: n, held: self.held[slot] });
         }
         let streams = self.streams(positions, n)?;
         let next = streams.iter().flatten().copied().max().map_or(0, |m| i64::from(m) + 1);
         let vocab = self.config.vocab;
-        let mut logits = Vec::with_capacity(if rows == Logits::All { (n - keep) * vocab } else { vocab });
-        self.lens[slot] = keep;
-        self.held[slot] = keep;
-        self.deltas[slot] = next - n as i64;
+        let mut logits = Vec::with_capacity(if rows == Logits::All { part.len() * vocab } else { vocab });
         let groups = match input {
             Prefill::Embeddings(_, extras) => extras.bidirectional.as_slice(),
             Prefill::Tokens(_) => &[],
         };
         let spans: Vec<Range<usize>> = groups.iter().filter_map(|g| span(g)).collect();
-        for (start, real) in chunk_spans(keep, n, chunk, &spans) {
+        let calls: Vec<(usize, usize)> =
+            chunk_spans(part.start, n, chunk, &spans).into_iter().take_while(|&(start, _)| start < part.end).collect();
+        if calls.last().is_some_and(|&(start, real)| start + real != part.end) {
+            return Err(DecoderError::Part { part, rows: n, held: self.held[slot] });
+        }
+        self.lens[slot] = part.start;
+        self.held[slot] = part.start;
+        self.deltas[slot] = next - n as i64;
+        for (start, real) in calls {
             let first = match input {
                 Prefill::Tokens(ids) => {
                     let mut part = ids[start..start + real].to_vec();
@@ -762,8 +771,9 @@ fn span(group: &[Range<usize>]) -> Option<Range<usize>> {
 /// The `(start, rows)` of each prefill call over rows `from..n`: whole chunks,
 /// except that a chunk ends early rather than split a bidirectional group's
 /// span (validated to fit in one chunk), so the next starts at the span. Spans
-/// that overlap (groups whose runs interleave) are kept whole together.
-fn chunk_spans(from: usize, n: usize, chunk: usize, spans: &[Range<usize>]) -> Vec<(usize, usize)> {
+/// that overlap (groups whose runs interleave) are kept whole together. The
+/// scheduler cuts a prompt into pieces along these calls.
+pub fn chunk_spans(from: usize, n: usize, chunk: usize, spans: &[Range<usize>]) -> Vec<(usize, usize)> {
     let mut merged: Vec<Range<usize>> = spans.to_vec();
     merged.sort_by_key(|s| s.start);
     let mut blocks: Vec<Range<usize>> = Vec::with_capacity(merged.len());

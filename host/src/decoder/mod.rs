@@ -7,6 +7,7 @@
 mod bundle;
 
 pub use bundle::{
-    Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions, checkpoint_index, weights_identity,
+    Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions, checkpoint_index, chunk_spans,
+    weights_identity,
 };
 pub use mlxcel_decoder::{BundleShape, TextConfig, config, graph};

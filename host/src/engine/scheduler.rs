@@ -133,6 +133,13 @@ pub struct SchedulerConfig {
     /// Prefills admitted per step, so that prefills do not starve the
     /// decoding slots.
     pub prefills_per_step: usize,
+    /// The bundle's prefill chunk: rows per prefill call.
+    pub chunk: usize,
+    /// Prefill calls (chunks) per step while other slots decode: a long
+    /// prompt is prefilled a few chunks at a time between decode steps, so
+    /// the running streams never wait for a whole prompt. With nothing
+    /// decoding, a prompt is prefilled whole.
+    pub prefill_chunks_per_step: usize,
     /// The `Retry-After` hint of a queue-full refusal.
     pub retry_after: Duration,
     /// Whether a prefill may keep a free slot's rows (off: every prefill is cold, and no
@@ -210,15 +217,22 @@ pub enum Action {
     Finished { id: RequestId, reason: FinishReason, usage: Usage },
 }
 
-/// One prefill of a step; the engine drops `input` once it has run it.
+/// One piece of a request's prefill in a step: rows `rows` of its prompt.
+/// The first piece carries the input (the engine keeps it for the later
+/// pieces and drops it after the last, or when the slot is released).
 #[derive(Debug)]
 pub struct PrefillWork<P> {
     pub id: RequestId,
     pub slot: usize,
-    pub input: PendingInput<P>,
-    /// The slot's first rows already hold the prompt's first `keep` rows:
-    /// the prefill keeps them and computes the rest.
-    pub keep: usize,
+    /// `Some` with the first piece only.
+    pub input: Option<PendingInput<P>>,
+    /// The prompt rows this piece computes. The first piece starts after
+    /// the rows kept from the slot's earlier request (the prefix cache);
+    /// each piece is whole prefill calls, as a whole prefill would make them.
+    pub rows: Range<usize>,
+    /// Whether this piece ends the prompt: its logits (of the last row) are
+    /// sampled; the other pieces' are not looked at.
+    pub last: bool,
 }
 
 /// The work of one step: the prefills first, then one batched decode.
@@ -232,7 +246,8 @@ pub struct Step<P> {
 /// The logits of a step, in the order of its [`Step`].
 #[derive(Clone, Debug)]
 pub struct StepResult {
-    /// Per prefill, the logits of its last row, or why it failed.
+    /// Per prefill piece, the logits of its last row (empty for a piece that
+    /// does not end the prompt), or why it failed.
     pub prefill: Vec<Result<Vec<f32>, String>>,
     /// Per decoded slot, its logits; or why the batched decode failed.
     pub decode: Result<Vec<Vec<f32>>, String>,
@@ -254,8 +269,9 @@ struct Held {
 /// Where a request sits once it owns a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    /// Its prefill, of this many rows, is in flight.
-    Prefilling { rows: usize },
+    /// Its prefill of `rows` rows has computed rows up to `done`; the next
+    /// piece is in flight or waits for the next step.
+    Prefilling { rows: usize, done: usize, in_flight: bool },
     /// It has a token to feed at the next decode.
     Ready(u32),
     /// Its decode is in flight.
@@ -286,6 +302,8 @@ struct Active {
     /// Cancelled while its step was in flight: finished already, the slot is
     /// released when the step completes.
     cancelled: bool,
+    /// The prefill calls not yet run, `(start, rows)`, in order.
+    calls: VecDeque<(usize, usize)>,
 }
 
 impl Active {
@@ -327,7 +345,8 @@ pub struct Scheduler<P> {
 /// The slots of the step in flight, in the order of its results.
 #[derive(Debug)]
 struct InFlight {
-    prefill: Vec<usize>,
+    /// `(slot, end of the piece)`.
+    prefill: Vec<(usize, usize)>,
     /// `(slot, token fed)`.
     decode: Vec<(usize, u32)>,
 }
@@ -419,23 +438,27 @@ impl<P: Prepared> Scheduler<P> {
             return Vec::new();
         };
         match active.phase {
-            Phase::Ready(_) => {
-                let usage = active.usage();
-                self.slots[slot] = None;
-                vec![Action::Release { slot }, Action::Finished { id, reason: FinishReason::Cancelled, usage }]
+            Phase::Ready(_) | Phase::Prefilling { in_flight: false, .. } => {
+                let mut actions = Vec::new();
+                self.finish(slot, FinishReason::Cancelled, &mut actions);
+                actions
             }
-            Phase::Prefilling { .. } | Phase::Decoding => {
+            Phase::Prefilling { in_flight: true, .. } | Phase::Decoding => {
                 active.cancelled = true;
                 vec![Action::Finished { id, reason: FinishReason::Cancelled, usage: active.usage() }]
             }
         }
     }
 
-    /// The next step: up to `prefills_per_step` queued requests admitted
-    /// (FIFO) into free slots, and one decode of every slot with a token to
-    /// feed. `None` when there is nothing to do. Each request goes to the free
-    /// slot whose rows share the longest prefix with its own; without one, to
-    /// an empty slot, else the least recently used, the lowest first.
+    /// The next step: the next piece of each prompt being prefilled, up to
+    /// `prefills_per_step` queued requests admitted (FIFO) into free slots with
+    /// their first piece, and one decode of every slot with a token to feed.
+    /// While slots decode, the pieces of a step hold `prefill_chunks_per_step`
+    /// calls in all (the oldest prompt first); otherwise each prompt is
+    /// prefilled whole. `None` when there is nothing to do. Each request goes
+    /// to the free slot whose rows share the longest prefix with its own;
+    /// without one, to an empty slot, else the least recently used, the
+    /// lowest first.
     pub fn plan(&mut self) -> Result<Option<Step<P>>, SchedulerError> {
         if self.in_flight.is_some() {
             return Err(SchedulerError::StepInFlight);
@@ -454,8 +477,29 @@ impl<P: Prepared> Scheduler<P> {
             })
             .collect();
         self.steps += 1;
+        let mut budget = if decode.is_empty() { usize::MAX } else { self.config.prefill_chunks_per_step.max(1) };
+        // Prompts already part-prefilled go first, oldest first.
+        let mut waiting: Vec<(RequestId, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, a)| {
+                let a = a.as_ref()?;
+                matches!(a.phase, Phase::Prefilling { in_flight: false, .. }).then_some((a.id, slot))
+            })
+            .collect();
+        waiting.sort();
         let mut prefill = Vec::new();
-        while prefill.len() < self.config.prefills_per_step {
+        for (id, slot) in waiting {
+            if budget == 0 {
+                break;
+            }
+            if let Some(work) = self.next_piece(slot, id, None, &mut budget) {
+                prefill.push(work);
+            }
+        }
+        let mut admitted = 0;
+        while admitted < self.config.prefills_per_step && budget > 0 {
             if self.slots.iter().all(Option::is_some) {
                 break;
             }
@@ -470,9 +514,10 @@ impl<P: Prepared> Scheduler<P> {
             let (slot, keep) = self.choose_slot(&rows, &atomic);
             self.held[slot] = Held { rows, used: self.steps };
             self.reused_rows += keep as u64;
+            let calls = crate::decoder::chunk_spans(keep, input.rows(), self.config.chunk, &atomic).into();
             self.slots[slot] = Some(Active {
                 id,
-                phase: Phase::Prefilling { rows: input.rows() },
+                phase: Phase::Prefilling { rows: input.rows(), done: keep, in_flight: false },
                 prompt_tokens: prompt_tokens.len(),
                 history: prompt_tokens,
                 generated: 0,
@@ -482,14 +527,36 @@ impl<P: Prepared> Scheduler<P> {
                 stop_tokens,
                 sampler,
                 cancelled: false,
+                calls,
             });
-            prefill.push(PrefillWork { id, slot, input, keep });
+            admitted += 1;
+            if let Some(work) = self.next_piece(slot, id, Some(input), &mut budget) {
+                prefill.push(work);
+            }
         }
         if prefill.is_empty() && decode.is_empty() {
             return Ok(None);
         }
-        self.in_flight = Some(InFlight { prefill: prefill.iter().map(|p| p.slot).collect(), decode: decode.clone() });
+        let pieces = prefill.iter().map(|p| (p.slot, p.rows.end)).collect();
+        self.in_flight = Some(InFlight { prefill: pieces, decode: decode.clone() });
         Ok(Some(Step { prefill, decode }))
+    }
+
+    /// The next piece of `slot`'s prefill: up to `budget` of its remaining calls, taken from it.
+    fn next_piece(
+        &mut self,
+        slot: usize,
+        id: RequestId,
+        input: Option<PendingInput<P>>,
+        budget: &mut usize,
+    ) -> Option<PrefillWork<P>> {
+        let active = self.slots[slot].as_mut()?;
+        let Phase::Prefilling { rows, done, .. } = active.phase else { return None };
+        let take = active.calls.len().min(*budget);
+        let end = active.calls.drain(..take).next_back().map_or(done, |(start, n)| start + n);
+        *budget -= take;
+        active.phase = Phase::Prefilling { rows, done, in_flight: true };
+        Some(PrefillWork { id, slot, input, rows: done..end, last: end == rows })
     }
 
     /// The free slot for a prompt of `rows`, and how many of its rows it keeps: the longest
@@ -525,20 +592,28 @@ impl<P: Prepared> Scheduler<P> {
         let mut actions = Vec::new();
         if result.prefill.len() != flight.prefill.len() {
             let error = format!("{} prefill results for {} prefills", result.prefill.len(), flight.prefill.len());
-            for &slot in &flight.prefill {
-                self.held[slot].rows.clear();
+            for &(slot, _) in &flight.prefill {
                 self.finish(slot, FinishReason::Error(error.clone()), &mut actions);
             }
         } else {
-            for (&slot, logits) in flight.prefill.iter().zip(result.prefill) {
-                match (self.slots[slot].as_mut(), &logits) {
-                    (Some(a), Ok(_)) => {
-                        if let Phase::Prefilling { rows } = a.phase {
-                            a.cache_len = rows;
+            for (&(slot, end), logits) in flight.prefill.iter().zip(result.prefill) {
+                let Some(a) = self.slots[slot].as_mut() else { continue };
+                let Phase::Prefilling { rows, done, .. } = a.phase else { continue };
+                match &logits {
+                    // A piece that does not end the prompt: the next one waits for the next step.
+                    Ok(_) if end < rows => {
+                        a.phase = Phase::Prefilling { rows, done: end, in_flight: false };
+                        if a.cancelled {
+                            self.finish(slot, FinishReason::Cancelled, &mut actions);
                         }
+                        continue;
                     }
-                    // What a failed prefill left in the slot is unknown: nothing of it is reused.
-                    _ => self.held[slot].rows.clear(),
+                    Ok(_) => {
+                        a.phase = Phase::Prefilling { rows, done: end, in_flight: false };
+                        a.cache_len = rows;
+                    }
+                    // What a failed piece left past its start is unknown.
+                    Err(_) => a.phase = Phase::Prefilling { rows, done, in_flight: false },
                 }
                 self.advance(slot, logits, &mut actions);
             }
@@ -604,9 +679,12 @@ impl<P: Prepared> Scheduler<P> {
     }
 
     /// Frees `slot` and reports its request finished, unless a cancellation
-    /// reported it already.
+    /// reported it already. A prompt cut short keeps only the rows it wrote.
     fn finish(&mut self, slot: usize, reason: FinishReason, actions: &mut Vec<Action>) {
         let Some(active) = self.slots[slot].take() else { return };
+        if let Phase::Prefilling { done, .. } = active.phase {
+            self.held[slot].rows.truncate(done);
+        }
         actions.push(Action::Release { slot });
         if !active.cancelled {
             actions.push(Action::Finished { id: active.id, reason, usage: active.usage() });

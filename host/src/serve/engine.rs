@@ -117,8 +117,16 @@ pub(crate) fn start(
                     return;
                 }
             };
-            Engine { decoder, encoders, scheduler: Scheduler::new(config), clients: HashMap::new(), metrics, inbox }
-                .run();
+            Engine {
+                decoder,
+                encoders,
+                scheduler: Scheduler::new(config),
+                clients: HashMap::new(),
+                partial: HashMap::new(),
+                metrics,
+                inbox,
+            }
+            .run();
         })
         .context("starting the engine thread")?;
     ready_rx.recv().context("the engine thread ended while loading")??;
@@ -130,6 +138,8 @@ struct Engine {
     encoders: Option<Encoders<'static>>,
     scheduler: Scheduler<PreparedPrompt>,
     clients: HashMap<RequestId, UnboundedSender<Event>>,
+    /// Per slot, the prompt whose prefill is part done (kept for its next piece).
+    partial: HashMap<usize, PendingInput<PreparedPrompt>>,
     metrics: Arc<Metrics>,
     inbox: Receiver<Command>,
 }
@@ -268,21 +278,37 @@ impl Engine {
         };
         let mut prefill = Vec::with_capacity(step.prefill.len());
         for work in step.prefill {
-            let (slot, keep) = (work.slot, work.keep);
-            if let Some(events) = self.clients.get(&work.id) {
-                let _ = events.send(Event::Admitted { cached_rows: keep });
-            }
-            let logits = match work.input {
-                PendingInput::Tokens(tokens) => self.decoder.prefill_tokens_keeping(slot, keep, &tokens, Logits::Last),
-                PendingInput::Embeddings(p) => self.decoder.prefill_embeddings_keeping(
+            let (slot, rows) = (work.slot, work.rows.clone());
+            let input = match work.input {
+                Some(input) => {
+                    if let Some(events) = self.clients.get(&work.id) {
+                        let _ = events.send(Event::Admitted { cached_rows: rows.start });
+                    }
+                    input
+                }
+                None => match self.partial.remove(&slot) {
+                    Some(input) => input,
+                    None => {
+                        prefill.push(Err(format!("invariant: no prompt kept for slot {slot}'s next piece")));
+                        continue;
+                    }
+                },
+            };
+            let logits = match &input {
+                PendingInput::Tokens(tokens) => self.decoder.prefill_tokens_rows(slot, rows, tokens, Logits::Last),
+                PendingInput::Embeddings(p) => self.decoder.prefill_embeddings_rows(
                     slot,
-                    keep,
+                    rows,
                     &p.embeddings,
                     &p.positions,
                     &p.extras,
                     Logits::Last,
                 ),
             };
+            // The prompt's buffers stay for its next piece, and go after its last.
+            if !work.last && logits.is_ok() {
+                self.partial.insert(slot, input);
+            }
             prefill.push(logits.map_err(|e| format!("prefill failed: {e}")));
         }
         let decode = if step.decode.is_empty() {
@@ -300,6 +326,7 @@ impl Engine {
         for action in actions {
             match action {
                 Action::Release { slot } => {
+                    self.partial.remove(&slot);
                     if let Err(e) = self.decoder.release(slot) {
                         tracing::error!("releasing slot {slot}: {e}");
                     }

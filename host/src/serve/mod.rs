@@ -85,6 +85,11 @@ pub(crate) struct ServeArgs {
     /// image every turn): a hit skips decoding, preprocessing and the encoder. 0 keeps none.
     #[arg(long, default_value_t = 128)]
     encoder_cache_mb: u64,
+    /// Prefill calls (of --chunk tokens) run between two decode steps while streams decode: a
+    /// long prompt or an image's rows enter a few calls at a time, so the running streams never
+    /// wait for a whole prompt.
+    #[arg(long, default_value_t = 1)]
+    prefill_chunks_per_step: usize,
     /// Prefill every prompt whole: no request keeps the rows an earlier one left in its slot
     /// (the prefix cache; on by default).
     #[arg(long)]
@@ -187,6 +192,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         capacity: args.context,
         queue_bound: args.queue,
         prefills_per_step: 1,
+        chunk: args.chunk,
+        prefill_chunks_per_step: args.prefill_chunks_per_step,
         prefix_cache: !args.no_prefix_cache,
         retry_after: Duration::from_secs(1),
     };

@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use mlxcel_host::decoder::{BundleShape, Decoder, DecoderError, DecoderOptions, Extras, Logits, Positions};
+use mlxcel_host::decoder::{
+    BundleShape, Decoder, DecoderError, DecoderOptions, Extras, Logits, Positions, chunk_spans,
+};
 use mlxcel_shim::{CompileCache, Compiler, Device, Driver};
 
 fn fixture(name: &str) -> PathBuf {
@@ -634,10 +636,10 @@ fn head(dec: &Decoder, g: &Golden, m: usize) -> (mlxcel_shim::HostTensor, Positi
     (x, positions, Extras { bidirectional, injections })
 }
 
-/// The prefix cache's primitive: a slot that held an earlier request (the prompt's first rows,
-/// then decoded tokens of its own) keeps those first rows, computes only the rest, and gives
-/// exactly the logits and the 16 greedy tokens of a cold prefill of the whole prompt in
-/// another slot: M-RoPE positions and rope deltas (Qwen2-VL), DeepStack injections (Qwen3-VL),
+/// The prefix cache's and the interleaved prefill's primitive: a slot that held an earlier
+/// request (the prompt's first rows, then decoded tokens of its own) keeps those first rows,
+/// computes the rest one prefill call at a time, and gives exactly the logits and the 16 greedy
+/// tokens of a cold prefill of the whole prompt in another slot: M-RoPE positions and rope deltas (Qwen2-VL), DeepStack injections (Qwen3-VL),
 /// bidirectional image blocks (Gemma 3), and a kept prefix ending mid-chunk.
 fn check_kept_prefix(name: &str, variant: &str) {
     let mut dec = load(name, SHAPE);
@@ -663,7 +665,13 @@ fn check_kept_prefix(name: &str, variant: &str) {
 
     let (cold, cold_tokens, _) = run(&mut dec, 1, &g, From::Embeddings);
     let x = mlxcel_shim::HostTensor::from_slice(vec![n, hidden], &g.inputs_embeds).expect("x");
-    let warm = dec.prefill_embeddings_keeping(0, keep, &x, &g.positions, &g.extras, Logits::All).expect("warm");
+    // The rest in pieces of one prefill call each, as the scheduler cuts it between decode steps.
+    let spans: Vec<_> = g.extras.bidirectional.iter().map(|grp| grp[0].start..grp.last().expect("a run").end).collect();
+    let mut warm = Vec::new();
+    for (start, rows) in chunk_spans(keep, n, SHAPE.chunk, &spans) {
+        let part = start..start + rows;
+        warm.extend(dec.prefill_embeddings_rows(0, part, &x, &g.positions, &g.extras, Logits::All).expect("piece"));
+    }
     assert_eq!(warm.len(), (n - keep) * vocab);
     assert!(
         warm == cold[keep * vocab..],
@@ -689,7 +697,7 @@ fn a_kept_prefix_gives_a_cold_prefills_logits_and_tokens() {
 /// cannot be kept is refused before any native call: more rows than the slot holds, the whole
 /// prompt, a bidirectional block split.
 #[test]
-fn kept_token_rows_equal_a_cold_prefill_and_impossible_keeps_are_refused() {
+fn kept_token_rows_equal_a_cold_prefill_and_impossible_parts_are_refused() {
     let mut dec = load("qwen3", SHAPE);
     let g = golden("qwen3", "long");
     let keep = g.input_ids.len() / 2;
@@ -699,18 +707,20 @@ fn kept_token_rows_equal_a_cold_prefill_and_impossible_keeps_are_refused() {
 
     let prompt = &g.input_ids;
     let cold = dec.prefill_tokens(1, prompt, Logits::Last).expect("cold");
-    for bad in [keep + 2, prompt.len()] {
-        let err = dec.prefill_tokens_keeping(0, bad, prompt, Logits::Last).expect_err("refused");
-        assert!(matches!(err, DecoderError::Keep { .. }), "keep {bad}: {err:?}");
+    let n = prompt.len();
+    // More rows than the slot holds, the whole prompt, a part ending inside a prefill call.
+    for bad in [keep + 2..n, n..n, keep..keep + 1] {
+        let err = dec.prefill_tokens_rows(0, bad.clone(), prompt, Logits::Last).expect_err("refused");
+        assert!(matches!(err, DecoderError::Part { .. }), "rows {bad:?}: {err:?}");
     }
-    assert_eq!(dec.held(0), keep + 1, "a refused keep leaves the slot's rows");
-    let warm = dec.prefill_tokens_keeping(0, keep, prompt, Logits::Last).expect("warm");
+    assert_eq!(dec.held(0), keep + 1, "a refused part leaves the slot's rows");
+    let warm = dec.prefill_tokens_rows(0, keep..n, prompt, Logits::Last).expect("warm");
     assert!(warm == cold, "the logits after a kept prefix differ from a cold prefill");
 
     let x = dec.embed(prompt).expect("embed");
     let split = Extras { bidirectional: vec![vec![keep - 2..keep + 2]], ..Extras::default() };
     let err = dec
-        .prefill_embeddings_keeping(0, keep, &x, &Positions::Sequential, &split, Logits::Last)
+        .prefill_embeddings_rows(0, keep..n, &x, &Positions::Sequential, &split, Logits::Last)
         .expect_err("a split block is refused");
     assert!(matches!(err, DecoderError::Extras(_)), "{err:?}");
 }

@@ -82,6 +82,9 @@ fn config(slots: usize, queue_bound: usize, capacity: usize, prefills_per_step: 
         capacity,
         queue_bound,
         prefills_per_step,
+        // Prompts are prefilled whole unless a test says otherwise.
+        chunk: 4,
+        prefill_chunks_per_step: usize::MAX,
         retry_after: Duration::from_secs(2),
         prefix_cache: true,
     }
@@ -104,7 +107,8 @@ fn sampler(params: SamplingParams, logprobs: Option<usize>) -> Sampler {
 /// Runs a script, one command a line, and returns the trace: each command,
 /// then `-> ` and what the scheduler answered.
 ///
-/// - `config slots=N queue=N capacity=N prefills=N` (first, optional)
+/// - `config slots=N queue=N capacity=N prefills=N [chunk=N budget=N]`
+///   (first, optional; prompts are prefilled whole unless `budget` is given)
 /// - `submit tokens=N | prompt=T,T,... | embeds=ROWS logical=N [media=D@S..E [bidi]] [from=B]
 ///   [max=N] [stop=T] [rep=F] [freq=F] [logprobs=N]`: a greedy request
 ///   whose logical prompt is tokens `1..=N` and whose cache rows are tokens
@@ -133,12 +137,17 @@ fn run(script: &str) -> String {
         let id = |s: &str| RequestId(s.trim_start_matches('r').parse().unwrap());
         match cmd {
             "config" => {
-                sched = Scheduler::new(config(
+                let base = config(
                     num("slots").unwrap(),
                     num("queue").unwrap(),
                     num("capacity").unwrap(),
                     num("prefills").unwrap_or(1),
-                ))
+                );
+                sched = Scheduler::new(SchedulerConfig {
+                    chunk: num("chunk").unwrap_or(base.chunk),
+                    prefill_chunks_per_step: num("budget").unwrap_or(base.prefill_chunks_per_step),
+                    ..base
+                })
             }
             "submit" => {
                 let base = num("from").unwrap_or(100 * submitted) as u32;
@@ -210,8 +219,17 @@ fn plan(sched: &mut Scheduler<Payload>, out: &mut String) -> Option<(Vec<Request
         return None;
     };
     for p in &step.prefill {
-        let kept = if p.keep > 0 { format!(", {} kept", p.keep) } else { String::new() };
-        writeln!(out, "-> prefill {} slot {} ({} rows{kept})", p.id, p.slot, p.input.rows()).unwrap();
+        match &p.input {
+            // A whole prompt in one piece.
+            Some(input) if p.last => {
+                let kept = if p.rows.start > 0 { format!(", {} kept", p.rows.start) } else { String::new() };
+                writeln!(out, "-> prefill {} slot {} ({} rows{kept})", p.id, p.slot, input.rows()).unwrap()
+            }
+            _ => {
+                let last = if p.last { ", last" } else { "" };
+                writeln!(out, "-> prefill {} slot {} rows {:?}{last}", p.id, p.slot, p.rows).unwrap()
+            }
+        }
     }
     if !step.decode.is_empty() {
         let slots: Vec<String> = step.decode.iter().map(|(s, t)| format!("{s}:{t}")).collect();
@@ -832,7 +850,12 @@ fn random_walk(seed: u64) -> usize {
     let mut below = |n: u64| rng.next_u64() % n;
     let (slots, queue_bound, capacity) = (3, 4, 24);
     let prefills = 1 + below(2) as usize;
-    let mut sched = Scheduler::<Payload>::new(config(slots, queue_bound, capacity, prefills));
+    let budget = 1 + below(3) as usize;
+    let mut sched = Scheduler::<Payload>::new(SchedulerConfig {
+        chunk: 4,
+        prefill_chunks_per_step: budget,
+        ..config(slots, queue_bound, capacity, prefills)
+    });
     let drops = Rc::new(Cell::new(0));
     let mut model = Model {
         owner: vec![None; slots],
@@ -843,6 +866,8 @@ fn random_walk(seed: u64) -> usize {
         device: vec![Vec::new(); slots],
         prefilling: HashMap::new(),
         kept: 0,
+        budget,
+        chunk: 4,
     };
     let mut next_id = 0;
     for _ in 0..400 {
@@ -889,7 +914,8 @@ fn random_walk(seed: u64) -> usize {
                 let Some(step) = sched.plan().unwrap() else { continue };
                 model.admit(seed, &step);
                 let (n_prefill, decoded) = (step.prefill.len(), step.decode.len());
-                let prefilled: Vec<usize> = step.prefill.iter().map(|p| p.slot).collect();
+                let prefilled: Vec<(usize, Range<usize>)> =
+                    step.prefill.iter().map(|p| (p.slot, p.rows.clone())).collect();
                 let fed = step.decode.clone();
                 drop(step);
                 if below(5) == 0 {
@@ -929,6 +955,10 @@ fn random_walk(seed: u64) -> usize {
     model.kept
 }
 
+/// A prompt being prefilled: its rows, the prefill calls a whole prefill from the kept rows
+/// would make, and where its next piece starts.
+type Prefilling = (Vec<RowKey>, Vec<(usize, usize)>, usize);
+
 /// What the caller sees of the scheduler, rebuilt from its answers alone.
 struct Model {
     owner: Vec<Option<RequestId>>,
@@ -940,55 +970,82 @@ struct Model {
     /// What each slot's rows hold, as written by the walk's prefills and decodes; `None` rows
     /// are unknown (a failed prefill's).
     device: Vec<Vec<Option<RowKey>>>,
-    /// Per slot being prefilled: its prompt's rows.
-    prefilling: HashMap<usize, Vec<RowKey>>,
+    /// Per slot being prefilled.
+    prefilling: HashMap<usize, Prefilling>,
     kept: usize,
+    /// The prefill calls a step may hold while slots decode.
+    budget: usize,
+    chunk: usize,
 }
 
 impl Model {
     fn admit(&mut self, seed: u64, step: &Step<Payload>) {
+        let mut calls_in_step = 0;
         for p in &step.prefill {
-            assert_eq!(self.owner[p.slot], None, "seed {seed}: slot {} prefilled while owned", p.slot);
             assert!(!self.finished.contains_key(&p.id), "seed {seed}: {} prefilled after finishing", p.id);
-            self.owner[p.slot] = Some(p.id);
-            let (keys, atomic) = match &p.input {
-                PendingInput::Tokens(t) => (t.iter().enumerate().map(|(i, &t)| RowKey::token(t, i)).collect(), vec![]),
-                PendingInput::Embeddings(e) => (e.row_keys(), e.atomic()),
-            };
-            let held = &self.device[p.slot];
-            assert!(p.keep < keys.len(), "seed {seed}: {} keeps all {} rows", p.id, keys.len());
-            assert!(p.keep <= held.len(), "seed {seed}: {} keeps {} of {} rows held", p.id, p.keep, held.len());
-            for (row, (have, want)) in held.iter().zip(&keys).take(p.keep).enumerate() {
-                assert_eq!(have.as_ref(), Some(want), "seed {seed}: {} keeps row {row}, which differs", p.id);
+            if let Some(input) = &p.input {
+                assert_eq!(self.owner[p.slot], None, "seed {seed}: slot {} prefilled while owned", p.slot);
+                self.owner[p.slot] = Some(p.id);
+                let (keys, atomic) = match input {
+                    PendingInput::Tokens(t) => {
+                        (t.iter().enumerate().map(|(i, &t)| RowKey::token(t, i)).collect(), vec![])
+                    }
+                    PendingInput::Embeddings(e) => (e.row_keys(), e.atomic()),
+                };
+                let (keep, held) = (p.rows.start, &self.device[p.slot]);
+                assert!(keep < keys.len(), "seed {seed}: {} keeps all {} rows", p.id, keys.len());
+                assert!(keep <= held.len(), "seed {seed}: {} keeps {} of {} rows held", p.id, keep, held.len());
+                for (row, (have, want)) in held.iter().zip(&keys).take(keep).enumerate() {
+                    assert_eq!(have.as_ref(), Some(want), "seed {seed}: {} keeps row {row}, which differs", p.id);
+                }
+                assert!(
+                    !atomic.iter().any(|r| r.start < keep && keep < r.end),
+                    "seed {seed}: {} keeps {keep} rows, inside a block {atomic:?}",
+                    p.id
+                );
+                self.kept += keep;
+                let calls = crate::decoder::chunk_spans(keep, keys.len(), self.chunk, &atomic);
+                self.prefilling.insert(p.slot, (keys, calls, keep));
+            } else {
+                assert_eq!(self.owner[p.slot], Some(p.id), "seed {seed}: a later piece of {} in another slot", p.id);
             }
+            let (keys, calls, next) = &self.prefilling[&p.slot];
+            assert_eq!(p.rows.start, *next, "seed {seed}: {}'s pieces are not contiguous", p.id);
             assert!(
-                !atomic.iter().any(|r| r.start < p.keep && p.keep < r.end),
-                "seed {seed}: {} keeps {} rows, inside a block {atomic:?}",
+                calls.iter().any(|&(start, n)| start + n == p.rows.end),
+                "seed {seed}: {}'s piece {:?} does not end at a prefill call's end ({calls:?})",
                 p.id,
-                p.keep
+                p.rows
             );
-            self.kept += p.keep;
-            self.prefilling.insert(p.slot, keys);
+            assert_eq!(p.last, p.rows.end == keys.len(), "seed {seed}: {}'s piece {:?}", p.id, p.rows);
+            calls_in_step += calls.iter().filter(|&&(start, _)| p.rows.contains(&start)).count();
+        }
+        if !step.decode.is_empty() {
+            assert!(calls_in_step <= self.budget, "seed {seed}: {calls_in_step} prefill calls beside a decode");
         }
         for &(slot, _) in &step.decode {
             assert!(self.owner[slot].is_some(), "seed {seed}: decode of free slot {slot}");
         }
     }
 
-    /// The rows a step's prefills and decode wrote.
+    /// The rows a step's prefill pieces and decode wrote.
     fn wrote(
         &mut self,
-        prefilled: &[usize],
+        prefilled: &[(usize, Range<usize>)],
         prefill: &[Result<Vec<f32>, String>],
         fed: &[(usize, u32)],
         decode: &Result<Vec<Vec<f32>>, String>,
     ) {
-        for (slot, result) in prefilled.iter().zip(prefill) {
-            let keys = self.prefilling.remove(slot).unwrap();
-            self.device[*slot] = match result {
-                Ok(_) => keys.into_iter().map(Some).collect(),
-                Err(_) => vec![None; keys.len()],
-            };
+        for ((slot, rows), result) in prefilled.iter().zip(prefill) {
+            let (keys, _, next) = self.prefilling.get_mut(slot).unwrap();
+            match result {
+                Ok(_) => {
+                    self.device[*slot] = keys[..rows.end].iter().copied().map(Some).collect();
+                    *next = rows.end;
+                }
+                // What the failed piece wrote is unknown.
+                Err(_) => self.device[*slot].truncate(rows.start),
+            }
         }
         // A decoded row is a token's, but not as a prefill computes it: never to be kept.
         if decode.is_ok() {
@@ -1179,6 +1236,82 @@ fn a_failed_prefill_leaves_nothing_to_reuse() {
         -> token r2 7
         -> release slot 0
         -> finished r2 length (prompt 4, completion 1, cache 4)
+        ",
+    );
+}
+
+#[test]
+/// A long prompt enters a budget of prefill calls per step while another slot decodes; a
+/// prompt cancelled between its pieces leaves only the rows it wrote for a later prefix.
+fn a_long_prompt_is_prefilled_a_budget_of_calls_at_a_time_between_decode_steps() {
+    check(
+        "
+        config slots=2 queue=4 capacity=32 chunk=4 budget=1
+        submit tokens=3 max=8
+        step
+        submit tokens=10 max=2
+        step
+        step
+        step
+        step
+        submit tokens=10 max=1
+        step
+        cancel r2
+        submit prompt=201,202,203,204,205,206,7 max=1
+        step
+        step
+        ",
+        "
+        config slots=2 queue=4 capacity=32 chunk=4 budget=1
+        submit tokens=3 max=8
+        -> r0
+        step
+        -> prefill r0 slot 0 (3 rows)
+        -> token r0 7
+        submit tokens=10 max=2
+        -> r1
+        step
+        -> prefill r1 slot 1 rows 0..4
+        -> decode [0:7]
+        -> token r0 7
+        step
+        -> prefill r1 slot 1 rows 4..8
+        -> decode [0:7]
+        -> token r0 7
+        step
+        -> prefill r1 slot 1 rows 8..10, last
+        -> decode [0:7]
+        -> token r1 7
+        -> token r0 7
+        step
+        -> decode [0:7, 1:7]
+        -> token r0 7
+        -> token r1 7
+        -> release slot 1
+        -> finished r1 length (prompt 10, completion 2, cache 11)
+        submit tokens=10 max=1
+        -> r2
+        step
+        -> prefill r2 slot 1 rows 0..4
+        -> decode [0:7]
+        -> token r0 7
+        cancel r2
+        -> release slot 1
+        -> finished r2 cancelled (prompt 10, completion 0, cache 0)
+        submit prompt=201,202,203,204,205,206,7 max=1
+        -> r3
+        step
+        -> prefill r3 slot 1 (7 rows, 4 kept)
+        -> decode [0:7]
+        -> token r3 7
+        -> release slot 1
+        -> finished r3 length (prompt 7, completion 1, cache 7)
+        -> token r0 7
+        step
+        -> decode [0:7]
+        -> token r0 7
+        -> release slot 0
+        -> finished r0 length (prompt 3, completion 8, cache 10)
         ",
     );
 }
