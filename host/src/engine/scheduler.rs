@@ -261,6 +261,10 @@ struct Held {
     /// a prefill does (1.3e-6 apart in the next logits, measured on Qwen3),
     /// and a kept prefix must give exactly what a cold prefill gives.
     rows: Vec<RowKey>,
+    /// That prompt's rows computed in one call (bidirectional blocks): a row
+    /// inside one saw the block's later rows too, so a kept prefix never ends
+    /// inside one, whatever the new prompt's blocks are.
+    atomic: Vec<Range<usize>>,
     /// The step at which the slot was last admitted into: the least recent
     /// is overwritten first.
     used: u64,
@@ -512,7 +516,7 @@ impl<P: Prepared> Scheduler<P> {
                 PendingInput::Embeddings(p) => (p.row_keys(), p.atomic()),
             };
             let (slot, keep) = self.choose_slot(&rows, &atomic);
-            self.held[slot] = Held { rows, used: self.steps };
+            self.held[slot] = Held { rows, atomic: atomic.clone(), used: self.steps };
             self.reused_rows += keep as u64;
             let calls = crate::decoder::chunk_spans(keep, input.rows(), self.config.chunk, &atomic).into();
             self.slots[slot] = Some(Active {
@@ -561,7 +565,8 @@ impl<P: Prepared> Scheduler<P> {
 
     /// The free slot for a prompt of `rows`, and how many of its rows it keeps: the longest
     /// shared prefix, at most all rows but the last (whose logits the prefill returns), and
-    /// never ending strictly inside an `atomic` range.
+    /// never ending strictly inside an `atomic` range of the new prompt or of the held one (a
+    /// held row inside a block saw rows past the prefix: two images' tokens see each other).
     fn choose_slot(&self, rows: &[RowKey], atomic: &[Range<usize>]) -> (usize, usize) {
         let keep = |held: &Held| {
             if !self.config.prefix_cache {
@@ -569,7 +574,9 @@ impl<P: Prepared> Scheduler<P> {
             }
             let shared = held.rows.iter().zip(rows).take_while(|(a, b)| a == b).count();
             let mut keep = shared.min(rows.len().saturating_sub(1));
-            if let Some(r) = atomic.iter().find(|r| r.start < keep && keep < r.end) {
+            // Backing off to one block's start may land inside another (the two prompts' blocks
+            // differ): until none holds it.
+            while let Some(r) = atomic.iter().chain(&held.atomic).find(|r| r.start < keep && keep < r.end) {
                 keep = r.start;
             }
             keep

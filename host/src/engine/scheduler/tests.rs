@@ -865,6 +865,7 @@ fn random_walk(seed: u64) -> usize {
         logprobs: HashMap::new(),
         device: vec![Vec::new(); slots],
         prefilling: HashMap::new(),
+        device_atomic: vec![Vec::new(); slots],
         kept: 0,
         budget,
         chunk: 4,
@@ -972,6 +973,8 @@ struct Model {
     device: Vec<Vec<Option<RowKey>>>,
     /// Per slot being prefilled.
     prefilling: HashMap<usize, Prefilling>,
+    /// Per slot, the bidirectional blocks of the prompt last prefilled into it.
+    device_atomic: Vec<Vec<Range<usize>>>,
     kept: usize,
     /// The prefill calls a step may hold while slots decode.
     budget: usize,
@@ -993,6 +996,12 @@ impl Model {
                     PendingInput::Embeddings(e) => (e.row_keys(), e.atomic()),
                 };
                 let (keep, held) = (p.rows.start, &self.device[p.slot]);
+                let held_atomic = &self.device_atomic[p.slot];
+                assert!(
+                    !held_atomic.iter().any(|r| r.start < keep && keep < r.end),
+                    "seed {seed}: {} keeps {keep} rows, inside a block of the slot's last prompt {held_atomic:?}",
+                    p.id
+                );
                 assert!(keep < keys.len(), "seed {seed}: {} keeps all {} rows", p.id, keys.len());
                 assert!(keep <= held.len(), "seed {seed}: {} keeps {} of {} rows held", p.id, keep, held.len());
                 for (row, (have, want)) in held.iter().zip(&keys).take(keep).enumerate() {
@@ -1005,6 +1014,7 @@ impl Model {
                 );
                 self.kept += keep;
                 let calls = crate::decoder::chunk_spans(keep, keys.len(), self.chunk, &atomic);
+                self.device_atomic[p.slot] = atomic;
                 self.prefilling.insert(p.slot, (keys, calls, keep));
             } else {
                 assert_eq!(self.owner[p.slot], Some(p.id), "seed {seed}: a later piece of {} in another slot", p.id);
@@ -1187,7 +1197,7 @@ fn media_rows_match_only_under_the_same_digest_and_a_block_is_never_split() {
         submit embeds=9 logical=9 media=2@2..6 from=0 max=1
         -> r5
         step
-        -> prefill r5 slot 0 (9 rows, 4 kept)
+        -> prefill r5 slot 0 (9 rows, 2 kept)
         -> token r5 7
         -> release slot 0
         -> finished r5 length (prompt 9, completion 1, cache 9)
@@ -1312,6 +1322,38 @@ fn a_long_prompt_is_prefilled_a_budget_of_calls_at_a_time_between_decode_steps()
         -> token r0 7
         -> release slot 0
         -> finished r0 length (prompt 3, completion 8, cache 10)
+        ",
+    );
+}
+
+/// Two images' tokens see each other (one block over both): a later prompt with only the first
+/// image shares its rows, but they saw the second image, so the prefix stops before the block.
+#[test]
+fn a_prefix_never_ends_inside_a_block_of_the_held_prompt() {
+    check(
+        "
+        config slots=1 queue=4 capacity=32
+        submit embeds=12 logical=12 media=1@2..9 bidi from=0 max=1
+        step
+        submit embeds=8 logical=8 media=1@2..9 from=0 max=1
+        step
+        ",
+        "
+        config slots=1 queue=4 capacity=32
+        submit embeds=12 logical=12 media=1@2..9 bidi from=0 max=1
+        -> r0
+        step
+        -> prefill r0 slot 0 (12 rows)
+        -> token r0 7
+        -> release slot 0
+        -> finished r0 length (prompt 12, completion 1, cache 12)
+        submit embeds=8 logical=8 media=1@2..9 from=0 max=1
+        -> r1
+        step
+        -> prefill r1 slot 0 (8 rows, 2 kept)
+        -> token r1 7
+        -> release slot 0
+        -> finished r1 length (prompt 8, completion 1, cache 8)
         ",
     );
 }
