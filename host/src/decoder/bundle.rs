@@ -763,7 +763,7 @@ fn runtime_dtype(e: Elem) -> Option<DType> {
 }
 
 /// The rows from a group's first run to its last: what one prefill call must hold.
-fn span(group: &[Range<usize>]) -> Option<Range<usize>> {
+pub fn span(group: &[Range<usize>]) -> Option<Range<usize>> {
     let start = group.iter().map(|r| r.start).min()?;
     Some(start..group.iter().map(|r| r.end).max()?)
 }

@@ -73,7 +73,6 @@ impl Prepared for PreparedPrompt {
 
     fn atomic(&self) -> Vec<Range<usize>> {
         // A bidirectional group is computed in one call: its span, first run to last.
-        let span = |g: &Vec<Range<usize>>| Some(g.iter().map(|r| r.start).min()?..g.iter().map(|r| r.end).max()?);
-        self.extras.bidirectional.iter().filter_map(span).collect()
+        self.extras.bidirectional.iter().filter_map(|g| crate::decoder::span(g)).collect()
     }
 }
