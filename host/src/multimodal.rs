@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use mlxcel_decoder::prefill::{Injection, Mode, Placement as ProgramPlacement, Program};
@@ -19,7 +20,7 @@ use mlxcel_plugin_api::{
     PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor,
     TensorSpec,
 };
-use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Parameters, Session};
+use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Invocation, Parameters, Session};
 
 use crate::encoder_cache::{Encoded, EncoderCache};
 use crate::exec::{DeviceArgs, compile};
@@ -33,7 +34,12 @@ use crate::exec::{DeviceArgs, compile};
 /// threads), the activation plus matmul took 319 ms, and 124 ms with these
 /// flags. Decoder bundles keep the defaults: packing a weight per decode step
 /// would read it twice (a 8960x1536 matvec: 3.0 ms, 9.0 ms data-tiled).
-const ENCODER_FLAGS: [&str; 2] = ["--iree-global-opt-data-tiling", "--iree-opt-const-expr-hoisting=false"];
+///
+/// The execution model is IREE's asynchronous one (`coarse-fences`): a call returns once
+/// its work is queued on the encoders' device, whose own workers run it, so the engine
+/// thread keeps decoding running streams while an image is encoded.
+const ENCODER_FLAGS: [&str; 3] =
+    ["--iree-global-opt-data-tiling", "--iree-opt-const-expr-hoisting=false", "--iree-execution-model=async-external"];
 
 /// A checkpoint's family plugin and the configuration it parsed: chosen once per model.
 pub(crate) struct MediaModel<'a> {
@@ -381,22 +387,50 @@ impl<'a> MediaRequest<'a> {
     }
 
     /// Runs each item not encoded yet through its modality's encoder, once, keeping the outputs
-    /// in the encoder cache when there is one. A failure is ours (compiling or running an
-    /// encoder) unless the plugin blames the input.
+    /// in the encoder cache when there is one, and waits for each. A failure is ours (compiling
+    /// or running an encoder) unless the plugin blames the input.
     pub(crate) fn encode(&mut self, encoders: &mut Encoders) -> Result<(), MediaError> {
-        for index in 0..self.items.len() {
-            let Item::Preprocessed(item) = &self.items[index] else { continue };
-            let modality = self.metas.get(index).map_or(Modality::Image, |m| m.modality);
-            let outputs = encoders
-                .encode_all(self.plugin, &self.config, modality, item)
-                .with_context(|| format!("encoding item {}", index + 1))
-                .map_err(|e| MediaError::classify(e, Fault::Server))?;
-            let encoded = Arc::new(Encoded { grid: item.grid.clone(), outputs });
-            if let (Some(cache), Some(digest)) = (self.cache, self.digests.get(index)) {
-                cache.insert(*digest, Arc::clone(&encoded));
-            }
-            self.items[index] = Item::Encoded(encoded);
+        while let Some((index, encoding)) = self.start_next(encoders)? {
+            self.finish_item(index, encoding)?;
         }
+        Ok(())
+    }
+
+    /// Starts the first item not encoded yet on the encoders' device without waiting for it
+    /// ([`Encoders::start`]): its index and the running encoder, or `None` when every item is
+    /// encoded. [`MediaRequest::finish_item`] takes the result.
+    pub(crate) fn start_next(&self, encoders: &mut Encoders) -> Result<Option<(usize, Encoding)>, MediaError> {
+        let Some(index) = self.items.iter().position(|item| matches!(item, Item::Preprocessed(_))) else {
+            return Ok(None);
+        };
+        let Item::Preprocessed(item) = &self.items[index] else {
+            return Ok(None);
+        };
+        let modality = self.metas.get(index).map_or(Modality::Image, |m| m.modality);
+        let encoding = encoders
+            .start(self.plugin, &self.config, modality, item)
+            .with_context(|| format!("encoding item {}", index + 1))
+            .map_err(|e| MediaError::classify(e, Fault::Server))?;
+        Ok(Some((index, encoding)))
+    }
+
+    /// Takes item `index`'s features from its finished (or still running: this waits) encoder
+    /// and keeps them in the encoder cache when there is one.
+    pub(crate) fn finish_item(&mut self, index: usize, encoding: Encoding) -> Result<(), MediaError> {
+        let Some(Item::Preprocessed(item)) = self.items.get(index) else {
+            let e = anyhow::anyhow!("invariant: item {index} is not waiting for its encoder");
+            return Err(MediaError::server(e));
+        };
+        let grid = item.grid.clone();
+        let outputs = encoding
+            .finish()
+            .with_context(|| format!("encoding item {}", index + 1))
+            .map_err(|e| MediaError::classify(e, Fault::Server))?;
+        let encoded = Arc::new(Encoded { grid, outputs });
+        if let (Some(cache), Some(digest)) = (self.cache, self.digests.get(index)) {
+            cache.insert(*digest, Arc::clone(&encoded));
+        }
+        self.items[index] = Item::Encoded(encoded);
         Ok(())
     }
 
@@ -740,6 +774,20 @@ impl<'a> Encoders<'a> {
         modality: Modality,
         item: &Preprocessed,
     ) -> Result<Vec<(String, Vec<f32>)>> {
+        self.start(plugin, config, modality, item)?.finish()
+    }
+
+    /// Starts one item through the smallest bucket that holds it and returns without waiting:
+    /// the encoder graphs are compiled with IREE's asynchronous ABI, so this device's own
+    /// workers run the encoder while the caller (the engine thread) goes on decoding. The
+    /// bucket is compiled and loaded first if this is its first use, which does wait.
+    pub(crate) fn start(
+        &mut self,
+        plugin: &LoadedPlugin,
+        config: &ModelConfig,
+        modality: Modality,
+        item: &Preprocessed,
+    ) -> Result<Encoding> {
         let buckets = plugin.encoder_buckets(config, modality)?;
         let bucket = buckets
             .iter()
@@ -810,24 +858,53 @@ impl<'a> Encoders<'a> {
             .name
             .clone();
         let args: Vec<Arg<'_>> = inputs.iter().map(Arg::from).collect();
-        let outputs = session.call(&function, &args)?;
-        if outputs.len() < graph.outputs.len() {
-            bail!("the encoder returned {} outputs; its graph declares {}", outputs.len(), graph.outputs.len());
+        let invocation = session.start(&function, &args)?;
+        Ok(Encoding {
+            invocation,
+            outputs: graph.outputs.iter().map(|spec| spec.name.to_string()).collect(),
+            rows: item.grid.feature_tokens as usize,
+        })
+    }
+}
+
+/// One item's encoder call, running on the encoders' device ([`Encoders::start`]).
+pub(crate) struct Encoding {
+    invocation: Invocation,
+    /// The graph's output names, in order.
+    outputs: Vec<String>,
+    /// The item's feature rows (a bucket may hold more).
+    rows: usize,
+}
+
+impl Encoding {
+    /// Whether the device has finished, without waiting.
+    pub(crate) fn is_done(&self) -> Result<bool> {
+        Ok(self.invocation.is_done()?)
+    }
+
+    /// Waits up to `timeout` for the device; whether it has finished.
+    pub(crate) fn wait(&self, timeout: Duration) -> Result<bool> {
+        Ok(self.invocation.wait(timeout)?)
+    }
+
+    /// Waits for the device, then reads every output's rows that belong to the item, flattened,
+    /// in the graph's output order.
+    pub(crate) fn finish(self) -> Result<Vec<(String, Vec<f32>)>> {
+        let Encoding { invocation, outputs: names, rows } = self;
+        let outputs = invocation.finish()?;
+        if outputs.len() < names.len() {
+            bail!("the encoder returned {} outputs; its graph declares {}", outputs.len(), names.len());
         }
-        let rows = item.grid.feature_tokens as usize;
-        let mut named = Vec::with_capacity(graph.outputs.len());
-        for (spec, output) in graph.outputs.iter().zip(&outputs) {
+        let mut named = Vec::with_capacity(names.len());
+        for (name, output) in names.into_iter().zip(&outputs) {
             let host = output.to_host()?;
             let values: Vec<f32> = host.to_vec()?;
             let shape = host.shape().to_vec();
             let width: usize = shape.iter().skip(1).product();
             if shape.first().copied().unwrap_or(0) < rows {
-                bail!(
-                    "the encoder output `{}` has shape {shape:?}, fewer than the item's {rows} feature rows",
-                    spec.name
-                );
+                bail!("the encoder output `{name}` has shape {shape:?}, fewer than the item's {rows} feature rows");
             }
-            named.push((spec.name.to_string(), values[..rows * width].to_vec()));
+            named.push((name, values[..rows * width].to_vec()));
         }
         Ok(named)
     }

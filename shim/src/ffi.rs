@@ -77,6 +77,16 @@ pub(crate) unsafe fn owned_string(view: sys::iree_string_view_t) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `IREE_STATUS_DEFERRED` and `IREE_STATUS_DEADLINE_EXCEEDED`: the answers of
+/// a fence not yet signalled, which carry no payload.
+pub(crate) const STATUS_DEFERRED: usize = 17;
+pub(crate) const STATUS_DEADLINE_EXCEEDED: usize = 4;
+
+/// A status's code (`iree_status_code`: the low five bits).
+pub(crate) fn status_code(status: sys::iree_status_t) -> usize {
+    status as usize & 0x1F
+}
+
 /// Converts a status to a result, consuming (freeing) the status.
 pub(crate) fn check(status: sys::iree_status_t, operation: &'static str) -> Result<(), Error> {
     if status.is_null() {

@@ -19,5 +19,5 @@ pub use cache::{CacheOutcome, CompileCache, CompileRequest};
 pub use checkpoint::Checkpoint;
 pub use compiler::{Compiler, IREE_VERSION, Target};
 pub use error::{Error, Result};
-pub use runtime::{Arg, Device, DeviceTensor, Driver, Parameters, Session};
+pub use runtime::{Arg, Device, DeviceTensor, Driver, Invocation, Parameters, Session};
 pub use tensor::{DType, HostTensor, TensorDesc};

@@ -676,6 +676,10 @@ pub struct FunctionInfo {
     pub name: String,
     /// Declared arguments, when the module carries ABI reflection.
     pub args: Option<Vec<ArgSpec>>,
+    /// Compiled with IREE's asynchronous ABI (`iree.abi.model` is
+    /// `coarse-fences`): it takes a wait and a signal fence after its
+    /// arguments, which [`Session::start`] appends.
+    pub asynchronous: bool,
     function: sys::iree_vm_function_t,
 }
 
@@ -927,11 +931,22 @@ impl Session {
         })
     }
 
-    /// Calls `name` with tensor arguments and returns its tensor results.
+    /// Calls `name` with tensor arguments and returns its tensor results,
+    /// once the device has computed them.
     /// Arguments are checked against the declared signature before the call.
     /// A device tensor passed to a function that updates it in place is
     /// consumed: IREE may write through it.
     pub fn call(&self, name: &str, args: &[Arg<'_>]) -> Result<Vec<DeviceTensor>> {
+        self.start(name, args)?.finish()
+    }
+
+    /// Starts `name` and returns without waiting for the device when the
+    /// function was compiled with IREE's asynchronous ABI (`coarse-fences`,
+    /// `--iree-execution-model=async-external`): the device's own workers
+    /// run it while the caller goes on, and the returned [`Invocation`]
+    /// says when it is done. A synchronous function has run when this
+    /// returns. Arguments are checked as [`Session::call`] checks them.
+    pub fn start(&self, name: &str, args: &[Arg<'_>]) -> Result<Invocation> {
         let f = self.function(name)?;
         if let Some(specs) = &f.args {
             if specs.len() != args.len() {
@@ -954,7 +969,7 @@ impl Session {
             })
             .collect::<Result<_>>()?;
         let mut uploaded = uploaded.iter();
-        let inputs = VmList::new(args.len())?;
+        let inputs = VmList::new(args.len() + 2)?;
         for arg in args {
             let t = match arg {
                 Arg::Host(_) => uploaded.next().expect("invariant: one upload per host argument"),
@@ -966,6 +981,7 @@ impl Session {
                 check(sys::iree_vm_list_push_ref_move(inputs.0, &mut r), "passing an argument")?;
             }
         }
+        let signal = if f.asynchronous { Some(self.append_fences(&inputs)?) } else { None };
         let outputs = VmList::new(4)?;
         // SAFETY: the context, function and both lists are live for the call.
         unsafe {
@@ -983,15 +999,117 @@ impl Session {
             )
             .map_err(|e| name_error(e, name))?;
         }
+        Ok(Invocation { name: name.to_owned(), outputs, signal, device: self.device.clone() })
+    }
+
+    /// Appends the asynchronous ABI's two fences to `inputs`: none to wait
+    /// for (the arguments are ready), and a new one the device signals when
+    /// the results are. Returns the signal fence.
+    fn append_fences(&self, inputs: &VmList) -> Result<Fence> {
+        let mut semaphore = null_mut();
+        let mut fence = Fence(null_mut());
+        // SAFETY: creation into local out-pointers; the semaphore reference we
+        // hold is released once the fence retains it; each list push takes
+        // its own reference (a null ref for "nothing to wait for").
+        unsafe {
+            check(
+                sys::iree_hal_semaphore_create(
+                    self.device.inner.device,
+                    u64::MAX, // IREE_HAL_QUEUE_AFFINITY_ANY
+                    0,
+                    sys::iree_hal_semaphore_flag_bits_t_IREE_HAL_SEMAPHORE_FLAG_DEFAULT as _,
+                    &mut semaphore,
+                ),
+                "creating a semaphore",
+            )?;
+            let created = sys::iree_hal_fence_create_at(semaphore, 1, ffi::allocator(), &mut fence.0);
+            sys::iree_hal_semaphore_release(semaphore);
+            check(created, "creating a fence")?;
+            let mut wait = sys::iree_vm_ref_t::default();
+            check(sys::iree_vm_list_push_ref_move(inputs.0, &mut wait), "passing the wait fence")?;
+            let mut r = sys::iree_hal_fence_retain_ref(fence.0);
+            check(sys::iree_vm_list_push_ref_move(inputs.0, &mut r), "passing the signal fence")?;
+        }
+        Ok(fence)
+    }
+}
+
+/// A HAL fence we hold one reference to.
+struct Fence(*mut sys::iree_hal_fence_t);
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: we own one reference, released once here.
+            unsafe { sys::iree_hal_fence_release(self.0) };
+        }
+    }
+}
+
+/// A started function call ([`Session::start`]). Its results are the
+/// device's to write until it is done; dropping it before then waits.
+pub struct Invocation {
+    name: String,
+    outputs: VmList,
+    /// Signalled when the results are ready; `None` for a synchronous call.
+    signal: Option<Fence>,
+    device: Device,
+}
+
+impl fmt::Debug for Invocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Invocation").field("name", &self.name).field("asynchronous", &self.signal.is_some()).finish()
+    }
+}
+
+impl Invocation {
+    /// Whether the results are ready, without waiting. A failure on the
+    /// device is returned here.
+    pub fn is_done(&self) -> Result<bool> {
+        let Some(fence) = &self.signal else { return Ok(true) };
+        // SAFETY: the fence is live; a DEFERRED status is a bare code (no
+        // payload to free); any other status is consumed by `check`.
+        let status = unsafe { sys::iree_hal_fence_query(fence.0) };
+        if ffi::status_code(status) == ffi::STATUS_DEFERRED {
+            return Ok(false);
+        }
+        check(status, "running a function").map_err(|e| name_error(e, &self.name))?;
+        Ok(true)
+    }
+
+    /// Waits up to `timeout` for the results; `Ok(false)` when they are not
+    /// ready by then.
+    pub fn wait(&self, timeout: std::time::Duration) -> Result<bool> {
+        let Some(fence) = &self.signal else { return Ok(true) };
+        let nanos = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
+        // SAFETY: the fence is live; a DEADLINE_EXCEEDED status is a bare
+        // code; any other status is consumed by `check`.
+        let status = unsafe {
+            sys::iree_hal_fence_wait(
+                fence.0,
+                sys::iree_timeout_t { type_: sys::iree_timeout_type_e_IREE_TIMEOUT_RELATIVE, nanos: nanos as _ },
+                0,
+            )
+        };
+        if ffi::status_code(status) == ffi::STATUS_DEADLINE_EXCEEDED {
+            return Ok(false);
+        }
+        check(status, "running a function").map_err(|e| name_error(e, &self.name))?;
+        Ok(true)
+    }
+
+    /// Waits for the results and returns them.
+    pub fn finish(self) -> Result<Vec<DeviceTensor>> {
+        while !self.wait(std::time::Duration::from_secs(3600))? {}
         // SAFETY: `outputs` is live; each element is retained before wrapping.
-        let count = unsafe { sys::iree_vm_list_size(outputs.0) };
+        let count = unsafe { sys::iree_vm_list_size(self.outputs.0) };
         let mut results = Vec::with_capacity(count);
         for i in 0..count {
             // SAFETY: index < size; get_ref_retain gives us one reference,
             // which check_deref borrows and `from_retained` takes over.
             unsafe {
                 let mut r = sys::iree_vm_ref_t::default();
-                check(sys::iree_vm_list_get_ref_retain(outputs.0, i, &mut r), "reading a result")?;
+                check(sys::iree_vm_list_get_ref_retain(self.outputs.0, i, &mut r), "reading a result")?;
                 let mut view = null_mut();
                 if let Err(e) = check(sys::iree_hal_buffer_view_check_deref(r, &mut view), "reading a result") {
                     sys::iree_vm_ref_release(&mut r);
@@ -1001,6 +1119,26 @@ impl Session {
             }
         }
         Ok(results)
+    }
+}
+
+impl Drop for Invocation {
+    fn drop(&mut self) {
+        // The device may still write the results (and read the arguments):
+        // keep them until it is done. A failure has nowhere to go but the log.
+        if let Some(fence) = &self.signal {
+            // SAFETY: the fence is live; the status is consumed by `check`.
+            let status = unsafe {
+                sys::iree_hal_fence_wait(
+                    fence.0,
+                    sys::iree_timeout_t { type_: sys::iree_timeout_type_e_IREE_TIMEOUT_ABSOLUTE, nanos: i64::MAX as _ },
+                    0,
+                )
+            };
+            if let Err(e) = check(status, "waiting for a dropped call") {
+                tracing::warn!("{}: {e}", self.name);
+            }
+        }
     }
 }
 
@@ -1040,7 +1178,10 @@ unsafe fn exported_functions(module: *mut sys::iree_vm_module_t) -> Result<Vec<F
                 string_view("iree.abi.declaration"),
             ));
             let args = if decl.is_empty() { None } else { parse_declaration(&decl) };
-            out.push(FunctionInfo { name: format!("{module_name}.{name}"), args, function });
+            let model =
+                ffi::owned_string(sys::iree_vm_function_lookup_attr_by_name(&function, string_view("iree.abi.model")));
+            let asynchronous = model == "coarse-fences";
+            out.push(FunctionInfo { name: format!("{module_name}.{name}"), args, asynchronous, function });
         }
         Ok(out)
     }

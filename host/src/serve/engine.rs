@@ -5,12 +5,18 @@
 //! A request's events channel is also its cancellation: when the HTTP side drops the receiver
 //! (the client disconnected, or a stop string matched), the engine cancels the request at its
 //! next step, which releases its slot and its buffers once.
+//!
+//! A request with media not in the encoder cache waits in the encoding queue first. Its items
+//! go through the encoders one at a time, in arrival order; each encoder call runs on the
+//! encoders' own device (IREE's asynchronous ABI, see `multimodal::Encoders::start`) while this
+//! thread keeps stepping the running streams, and is polled between steps. Once every item is
+//! encoded the request is merged and submitted to the scheduler like any other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use mlxcel_host::decoder::{Decoder, Logits};
@@ -22,7 +28,7 @@ use mlxcel_host::sampling::{Sampler, TokenLogprobs};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
-use crate::multimodal::{Encoders, MediaError, MediaRequest};
+use crate::multimodal::{Encoders, Encoding, MediaError, MediaRequest};
 
 /// One request for the engine, prepared off the engine thread (template, tokens, decoded and
 /// preprocessed media).
@@ -123,6 +129,7 @@ pub(crate) fn start(
                 scheduler: Scheduler::new(config),
                 clients: HashMap::new(),
                 partial: HashMap::new(),
+                encoding: VecDeque::new(),
                 metrics,
                 inbox,
             }
@@ -140,16 +147,32 @@ struct Engine {
     clients: HashMap<RequestId, UnboundedSender<Event>>,
     /// Per slot, the prompt whose prefill is part done (kept for its next piece).
     partial: HashMap<usize, PendingInput<PreparedPrompt>>,
+    /// Media requests waiting for their encoders, in arrival order; the first one's item may be
+    /// running on the encoders' device.
+    encoding: VecDeque<Waiting>,
     metrics: Arc<Metrics>,
     inbox: Receiver<Command>,
 }
+
+/// A media request in the encoding queue (not yet accepted: the HTTP side hears `Queued` or a
+/// refusal once it is encoded).
+struct Waiting {
+    job: Job,
+    media: MediaRequest<'static>,
+    /// The item whose encoder call is running, and the call.
+    running: Option<(usize, Encoding)>,
+}
+
+/// How long the engine waits for a running encoder call at a time when nothing else needs it:
+/// how late a request that arrives meanwhile may be taken.
+const ENCODER_POLL: Duration = Duration::from_millis(10);
 
 impl Engine {
     fn run(mut self) {
         let mut deadline: Option<Instant> = None;
         loop {
             // Wait for work when there is none; otherwise take what arrived and step.
-            let idle = self.scheduler.is_idle();
+            let idle = self.is_idle();
             if idle && deadline.is_some() {
                 break;
             }
@@ -159,6 +182,10 @@ impl Engine {
                     Err(_) => break,
                 }
             } else {
+                if self.scheduler.is_idle() {
+                    // Only an encoder runs: wait for it a little, then look at the inbox.
+                    self.wait_for_encoder(ENCODER_POLL);
+                }
                 None
             };
             let mut inbox_open = true;
@@ -183,7 +210,7 @@ impl Engine {
                     Command::Drain { deadline: at } => deadline = Some(at),
                 }
             }
-            if !inbox_open && self.scheduler.is_idle() {
+            if !inbox_open && self.is_idle() {
                 break;
             }
             self.cancel_abandoned();
@@ -193,9 +220,14 @@ impl Engine {
                     let actions = self.scheduler.cancel(id);
                     self.apply(actions);
                 }
+                // A running encoder call is waited for when its request is dropped here.
+                for waiting in self.encoding.drain(..) {
+                    let _ = waiting.job.events.send(Event::Refused(Refusal::Draining));
+                }
             }
+            self.advance_encoding();
             self.step();
-            self.metrics.queue_depth.store(self.scheduler.queue_len() as u64, Ordering::Relaxed);
+            self.metrics.queue_depth.store(self.queue_len() as u64, Ordering::Relaxed);
             self.metrics.active_slots.store(self.scheduler.active_slots() as u64, Ordering::Relaxed);
             self.metrics.prefix_rows_reused.store(self.scheduler.reused_rows(), Ordering::Relaxed);
         }
@@ -207,43 +239,40 @@ impl Engine {
         }
     }
 
-    fn submit(&mut self, job: Job) {
-        let Job { prompt, media, max_tokens, stop_tokens, sampler, events } = job;
-        let input = match media {
-            None => PendingInput::Tokens(prompt.clone()),
-            Some(mut media) => {
-                // Encoding is expensive: refuse a full queue before doing it.
-                let config = self.scheduler.config();
-                if self.scheduler.queue_len() >= config.queue_bound {
-                    let refusal =
-                        SubmitError::QueueFull { depth: self.scheduler.queue_len(), retry_after: config.retry_after };
-                    let _ = events.send(Event::Refused(refusal.into()));
-                    return;
-                }
-                let Some(encoders) = self.encoders.as_mut() else {
-                    let e = MediaError::server(anyhow::anyhow!("this server runs no encoders"));
-                    let _ = events.send(Event::Refused(Refusal::Media(e)));
-                    return;
-                };
-                // The encoder runs here, on the one thread IREE may be used on in this process
-                // (see `mlxcel_shim`'s lock): every running stream waits for it. An encoder-cache
-                // hit skips it.
-                let prepared = media
-                    .encode(encoders)
-                    .and_then(|()| media.prefill_input(&mut self.decoder, &prompt))
-                    .and_then(|(embeddings, positions, extras, contents)| {
-                        PreparedPrompt::new(embeddings, positions, extras, contents)
-                            .map_err(|e| MediaError::server(anyhow::Error::new(e)))
-                    });
-                match prepared {
-                    Ok(prompt) => PendingInput::Embeddings(prompt),
-                    Err(e) => {
-                        let _ = events.send(Event::Refused(Refusal::Media(e)));
-                        return;
-                    }
-                }
-            }
+    /// Nothing to decode, prefill or encode.
+    fn is_idle(&self) -> bool {
+        self.scheduler.is_idle() && self.encoding.is_empty()
+    }
+
+    /// Requests waiting: in the scheduler's queue and in the encoding queue.
+    fn queue_len(&self) -> usize {
+        self.scheduler.queue_len() + self.encoding.len()
+    }
+
+    fn submit(&mut self, mut job: Job) {
+        let Some(media) = job.media.take() else {
+            let input = PendingInput::Tokens(job.prompt.clone());
+            self.accept(job, input);
+            return;
         };
+        // Encoding is expensive: refuse a full queue before doing it.
+        let config = self.scheduler.config();
+        if self.queue_len() >= config.queue_bound {
+            let refusal = SubmitError::QueueFull { depth: self.queue_len(), retry_after: config.retry_after };
+            let _ = job.events.send(Event::Refused(refusal.into()));
+            return;
+        }
+        if self.encoders.is_none() {
+            let e = MediaError::server(anyhow::anyhow!("this server runs no encoders"));
+            let _ = job.events.send(Event::Refused(Refusal::Media(e)));
+            return;
+        }
+        self.encoding.push_back(Waiting { job, media, running: None });
+    }
+
+    /// Hands a prepared request to the scheduler and tells its HTTP side.
+    fn accept(&mut self, job: Job, input: PendingInput<PreparedPrompt>) {
+        let Job { prompt, media: _, max_tokens, stop_tokens, sampler, events } = job;
         let request = Request { prompt_tokens: prompt, input, max_tokens, stop_tokens, sampler };
         match self.scheduler.submit(request) {
             Ok(id) => {
@@ -253,6 +282,74 @@ impl Engine {
             Err(e) => {
                 let _ = events.send(Event::Refused(e.into()));
             }
+        }
+    }
+
+    /// Moves the encoding queue on without waiting for the device: takes the features of a
+    /// finished encoder call, starts the next item, and submits each request whose items are
+    /// all encoded (an encoder-cache hit needs no call). A request whose client has gone is
+    /// dropped once no call of it runs.
+    fn advance_encoding(&mut self) {
+        while let Some(mut waiting) = self.encoding.pop_front() {
+            match self.advance(&mut waiting) {
+                Ok(false) => {
+                    self.encoding.push_front(waiting);
+                    return;
+                }
+                Ok(true) if waiting.job.events.is_closed() => {}
+                Ok(true) => {
+                    let prepared = waiting.media.prefill_input(&mut self.decoder, &waiting.job.prompt).and_then(
+                        |(embeddings, positions, extras, contents)| {
+                            PreparedPrompt::new(embeddings, positions, extras, contents)
+                                .map_err(|e| MediaError::server(anyhow::Error::new(e)))
+                        },
+                    );
+                    match prepared {
+                        Ok(prompt) => self.accept(waiting.job, PendingInput::Embeddings(prompt)),
+                        Err(e) => {
+                            let _ = waiting.job.events.send(Event::Refused(Refusal::Media(e)));
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = waiting.job.events.send(Event::Refused(Refusal::Media(e)));
+                }
+            }
+        }
+    }
+
+    /// One request's encoding, as far as it goes without waiting: `Ok(true)` once every item is
+    /// encoded (or the client has gone and no call runs), `Ok(false)` while a call runs.
+    fn advance(&mut self, waiting: &mut Waiting) -> Result<bool, MediaError> {
+        let encoders = self.encoders.as_mut().ok_or_else(|| {
+            MediaError::server(anyhow::anyhow!("invariant: a media request waits on a server without encoders"))
+        })?;
+        loop {
+            if let Some((index, encoding)) = waiting.running.take() {
+                match encoding.is_done() {
+                    Ok(false) => {
+                        waiting.running = Some((index, encoding));
+                        return Ok(false);
+                    }
+                    // `finish_item` reads the results, or reports the call's failure.
+                    Ok(true) | Err(_) => waiting.media.finish_item(index, encoding)?,
+                }
+            }
+            if waiting.job.events.is_closed() {
+                return Ok(true);
+            }
+            match waiting.media.start_next(encoders)? {
+                Some(next) => waiting.running = Some(next),
+                None => return Ok(true),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the running encoder call, if there is one.
+    fn wait_for_encoder(&self, timeout: Duration) {
+        if let Some((_, encoding)) = self.encoding.front().and_then(|w| w.running.as_ref()) {
+            // A failure shows again when the call is finished; here it only ends the wait.
+            let _ = encoding.wait(timeout);
         }
     }
 

@@ -3,7 +3,7 @@
 
 use mlxcel_shim::{Arg, HostTensor};
 
-use crate::support::{DRIVERS, assert_close, compile, session};
+use crate::support::{DRIVERS, assert_close, compile, compile_with, session};
 
 const ATTENTION: &str = r#"
 module @attn {
@@ -92,4 +92,46 @@ fn compile_errors_carry_the_compiler_diagnostics() {
     let text = err.to_string();
     assert!(text.contains("compiling broken failed"), "{text}");
     assert!(text.contains("undeclared SSA value"), "the diagnostic says what is wrong: {text}");
+}
+
+#[test]
+fn an_asynchronous_call_runs_while_another_device_is_used_and_gives_the_same_results() {
+    let flags = ["--iree-execution-model=async-external".to_owned()];
+    let asynchronous = compile_with("attn", ATTENTION, &flags);
+    let synchronous = compile("attn", ATTENTION);
+    let q = [0.5f32, -1.0, 0.25, 2.0];
+    let k = [1.0f32, 0.0, 0.5, 0.25, -0.5, 1.0, 0.0, 0.75, 0.3, 0.3, -0.2, 0.1];
+    let v = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.5, 0.0, 2.0, 0.25, 0.75, -3.0, 1.0];
+    let want = attention_by_hand(&q, &k, &v);
+    let (q, k, v) = (
+        HostTensor::from_slice(vec![1, 4], &q).expect("q"),
+        HostTensor::from_slice(vec![3, 4], &k).expect("k"),
+        HostTensor::from_slice(vec![3, 4], &v).expect("v"),
+    );
+    for driver in DRIVERS {
+        let encoder = session(driver, &asynchronous);
+        let decoder = session(driver, &synchronous);
+        let step = encoder.function("attn.step").expect("exported");
+        assert!(step.asynchronous, "compiled with the asynchronous ABI");
+        assert!(!decoder.function("attn.step").expect("exported").asynchronous);
+
+        let running = encoder.start("attn.step", &[(&q).into(), (&k).into(), (&v).into()]).expect("starts");
+        // The other device is used while the call may still run.
+        let x = HostTensor::from_slice(vec![5], &[1i32, -2, 3, 40, 0]).expect("x");
+        let by = HostTensor::scalar(-3i32);
+        let scaled = decoder.call("attn.scale_i32", &[(&x).into(), (&by).into()]).expect("runs");
+        assert_eq!(scaled[0].to_host().expect("read").to_vec::<i32>().expect("i32"), vec![-3, 6, -9, -120, 0]);
+        while !running.wait(std::time::Duration::from_millis(5)).expect("waits") {}
+        assert!(running.is_done().expect("queries"));
+        let out = running.finish().expect("results");
+        assert_close(&out[0].to_host().expect("read").to_vec::<f32>().expect("f32"), &want, 1e-6);
+
+        // Dropped unfinished, a call is waited for; the session goes on.
+        drop(encoder.start("attn.step", &[(&q).into(), (&k).into(), (&v).into()]).expect("starts"));
+        let out = encoder.call("attn.step", &[(&q).into(), (&k).into(), (&v).into()]).expect("runs");
+        assert_close(&out[0].to_host().expect("read").to_vec::<f32>().expect("f32"), &want, 1e-6);
+        // Arguments are checked before anything starts.
+        let err = encoder.start("attn.step", &[(&q).into(), (&k).into()]).unwrap_err();
+        assert!(err.to_string().contains("argument"), "{err}");
+    }
 }

@@ -14,10 +14,15 @@ pub(crate) fn compiler() -> &'static Compiler {
 
 /// Compiles without the cache, for the host CPU.
 pub(crate) fn compile(name: &str, mlir: &str) -> Artifact {
+    compile_with(name, mlir, &[])
+}
+
+/// Compiles without the cache, for the host CPU, with extra compiler flags.
+pub(crate) fn compile_with(name: &str, mlir: &str, flags: &[String]) -> Artifact {
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = CompileCache::new(dir.path());
     let target = Target::host_cpu();
-    let request = CompileRequest { name, mlir, target: &target, flags: &[], key_parts: &[], contract: None };
+    let request = CompileRequest { name, mlir, target: &target, flags, key_parts: &[], contract: None };
     cache.get_or_compile(compiler(), &request).expect("compiles").0
 }
 
