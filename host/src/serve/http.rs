@@ -1,6 +1,9 @@
 //! The HTTP routes: `POST /v1/chat/completions` (whole or streamed as server-sent events),
 //! `GET /v1/models`, `/health` and `/metrics`.
 //!
+//! With an API key set, every route but `/health` (and `/metrics` when left open) asks for it as
+//! OpenAI clients send it, `Authorization: Bearer <key>`, and answers 401 otherwise.
+//!
 //! A request is checked and prepared (template, tokens, images decoded and preprocessed) on the
 //! blocking pool, bounded by a semaphore, then handed to the engine thread; its events come
 //! back on a channel whose receiver the request owns. Dropping that receiver (client gone, stop
@@ -11,9 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,6 +27,7 @@ use mlxcel_host::engine::{FinishReason, SubmitError};
 use mlxcel_host::sampling::{Sampler, SamplingParams, TokenLogprobs};
 use mlxcel_host::text::{ChatTemplate, Content, Detokenizer, Message, Part, StopStrings, Tokenizer};
 use mlxcel_plugin_api::{Capability, Error as PluginApiError, QualificationPolicy, Status};
+use sha2::{Digest as _, Sha256};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -66,6 +71,59 @@ pub(crate) struct AppState {
     pub(crate) preparing: Arc<Semaphore>,
     pub(crate) draining: Arc<AtomicBool>,
     pub(crate) started: u64,
+    pub(crate) access: Access,
+}
+
+/// Who may call the server: anyone, or whoever sends its one API key.
+pub(crate) struct Access {
+    /// sha256 of the key; `None` asks for none. Only the digest is kept and compared, so the
+    /// comparison's time says nothing about the key, not even its length.
+    key: Option<[u8; 32]>,
+    /// `/metrics` asks for the key too (when there is one).
+    metrics_need_key: bool,
+}
+
+impl Access {
+    pub(crate) fn new(key: Option<&str>, metrics_need_key: bool) -> Self {
+        Access { key: key.map(|k| Sha256::digest(k.as_bytes()).into()), metrics_need_key }
+    }
+
+    /// Whether a request to `path` with `headers` may go on.
+    fn allows(&self, path: &str, headers: &HeaderMap) -> bool {
+        let Some(key) = &self.key else { return true };
+        if path == "/health" || (path == "/metrics" && !self.metrics_need_key) {
+            return true;
+        }
+        let Some(sent) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let Some((scheme, token)) = sent.trim().split_once(' ') else { return false };
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return false;
+        }
+        let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+        // Every byte is compared, whatever the first difference.
+        digest.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+/// Refuses a request without the server's API key (when it has one) with OpenAI's 401.
+async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.access.allows(request.uri().path(), request.headers()) {
+        return next.run(request).await;
+    }
+    state.metrics.count("unauthorized");
+    let error = ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        kind: "invalid_request_error",
+        code: "invalid_api_key",
+        param: None,
+        message: "this server needs its API key, sent as `Authorization: Bearer <key>`".into(),
+        retry_after: None,
+    };
+    let mut response = error.into_response();
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+    response
 }
 
 pub(crate) fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
@@ -75,6 +133,7 @@ pub(crate) fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), authorize))
         .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
@@ -850,5 +909,30 @@ mod tests {
         let e = media_error(ours);
         assert_eq!((e.status, e.kind, e.code), (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "media_failed"));
         assert!(e.message.contains("the encoder did not compile"), "{}", e.message);
+    }
+
+    fn bearer(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, value.parse().expect("header"));
+        headers
+    }
+
+    #[test]
+    fn only_the_key_opens_the_api_and_health_stays_open() {
+        let access = Access::new(Some("sk-right"), true);
+        assert!(access.allows("/v1/chat/completions", &bearer("Bearer sk-right")));
+        assert!(access.allows("/v1/models", &bearer("bearer  sk-right ")), "scheme case and spaces");
+        for wrong in ["Bearer sk-wrong", "Bearer sk-righ", "Bearer sk-right2", "Basic sk-right", "sk-right", "Bearer"] {
+            assert!(!access.allows("/v1/chat/completions", &bearer(wrong)), "{wrong}");
+        }
+        assert!(!access.allows("/v1/models", &HeaderMap::new()));
+        assert!(!access.allows("/metrics", &HeaderMap::new()), "metrics follow the key");
+        assert!(!access.allows("/no/such/route", &HeaderMap::new()), "nothing is learnt about routes");
+        assert!(access.allows("/health", &HeaderMap::new()));
+        let open_metrics = Access::new(Some("sk-right"), false);
+        assert!(open_metrics.allows("/metrics", &HeaderMap::new()));
+        assert!(!open_metrics.allows("/v1/models", &HeaderMap::new()));
+        let none = Access::new(None, true);
+        assert!(none.allows("/v1/chat/completions", &HeaderMap::new()));
     }
 }

@@ -101,6 +101,14 @@ pub(crate) struct ServeArgs {
     /// cancelled.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
+    /// The API key clients must send (`Authorization: Bearer <key>`, as OpenAI clients do);
+    /// without one the server asks for none. Prefer the environment variable: a command line
+    /// is visible to every user of the machine.
+    #[arg(long, env = "MLXCEL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Serve /metrics without the API key (for a scraper on a trusted network).
+    #[arg(long, requires = "api_key")]
+    metrics_without_key: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -112,6 +120,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     }
     if args.slots == 0 || args.queue == 0 || args.prepare_workers == 0 {
         bail!("--slots, --queue and --prepare-workers must be at least 1");
+    }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty() || k.trim() != k) {
+        bail!("the API key (--api-key or MLXCEL_API_KEY) is empty or starts or ends with a space");
     }
     let driver: Driver = args.device.driver.parse()?;
     let model_id = match &args.served_model_name {
@@ -228,14 +239,16 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         preparing: Arc::new(tokio::sync::Semaphore::new(args.prepare_workers)),
         draining: Arc::clone(&draining),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        access: http::Access::new(args.api_key.as_deref(), !args.metrics_without_key),
     });
     let timeout = Duration::from_secs(args.shutdown_timeout);
+    let keyed = args.api_key.is_some();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let addr: SocketAddr = listener.local_addr()?;
-        announce(addr, &model_id, media.is_some());
+        announce(addr, &model_id, media.is_some(), keyed);
         let shutdown = async move {
             signals.wait().await;
             eprintln!("shutting down: finishing in-flight requests (at most {} s)", timeout.as_secs());
@@ -253,16 +266,20 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
 }
 
 /// Prints where the server listens and a request to paste.
-fn announce(addr: SocketAddr, model: &str, images: bool) {
+fn announce(addr: SocketAddr, model: &str, images: bool, keyed: bool) {
     println!("listening on http://{addr}");
-    println!("  models:  curl -s http://{addr}/v1/models");
+    // The key itself is never printed: the requests read it from the environment.
+    let auth = if keyed { " -H \"Authorization: Bearer $MLXCEL_API_KEY\"" } else { "" };
+    println!("  models:  curl -s http://{addr}/v1/models{auth}");
     let body = serde_json::json!({
         "model": model,
         "messages": [{"role": "user", "content": "Say hello."}],
         "max_tokens": 16,
         "temperature": 0,
     });
-    println!("  chat:    curl -s http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'");
+    println!(
+        "  chat:    curl -s http://{addr}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{body}'"
+    );
     if images {
         let body = serde_json::json!({
             "model": model,
@@ -274,7 +291,7 @@ fn announce(addr: SocketAddr, model: &str, images: bool) {
             "temperature": 0,
         });
         println!(
-            "  image:   printf '{body}' \"$(base64 -w0 path/to/image.png)\" | curl -s http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d @-"
+            "  image:   printf '{body}' \"$(base64 -w0 path/to/image.png)\" | curl -s http://{addr}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d @-"
         );
     }
     use std::io::Write as _;

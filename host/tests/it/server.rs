@@ -57,6 +57,11 @@ impl Server {
 
     /// A server on `tests/fixtures/<name>` with the plugins of `plugin_dir`.
     fn serving(name: &str, plugin_dir: &Path, extra: &[&str]) -> Server {
+        Server::serving_with_env(name, plugin_dir, extra, &[])
+    }
+
+    /// As [`Server::serving`], with environment variables set for the server.
+    fn serving_with_env(name: &str, plugin_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
             .arg("serve")
             .arg("--model")
@@ -73,6 +78,8 @@ impl Server {
             ])
             .args(extra)
             .env_remove("MLXCEL_PLUGINS")
+            .env_remove("MLXCEL_API_KEY")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -355,4 +362,19 @@ fn remote_image_urls_are_fetched_only_when_allowed_and_only_within_the_caps() {
     ]);
     let got = server.scenario("remote");
     assert!(got["/missing"].as_str().unwrap_or_default().contains("HTTP 404"), "{got}");
+}
+
+#[test]
+fn an_api_key_is_asked_of_every_route_but_health_and_the_openai_client_gets_401_without_it() {
+    // The key comes from the environment, as the README recommends.
+    let server = Server::serving_with_env(FIXTURE, plugins(), &[], &[("MLXCEL_API_KEY", "sk-mlxcel-test-key")]);
+    let got = server.scenario("api_key");
+    assert!(got["refused_message"].as_str().unwrap_or_default().contains("Authorization: Bearer"), "{got}");
+    assert_eq!(got["whole_tokens"], 3, "{got}");
+    assert_eq!(got["whole"], got["streamed"], "{got}");
+    assert_eq!(got["models"][0], FIXTURE, "{got}");
+    assert_eq!(got["health"], 200, "{got}");
+    assert_eq!(got["metrics_without_key"], 401, "{got}");
+    assert_eq!(got["metrics_with_key"], 200, "{got}");
+    assert_eq!(got["unauthorized"], 4.0, "three refused API calls and one /metrics: {got}");
 }

@@ -585,6 +585,57 @@ def scenario_remote(client, args):
     return seen
 
 
+API_KEY = "sk-mlxcel-test-key"
+
+
+def scenario_api_key(client, args):
+    """A server started with an API key: the openai client without it gets OpenAI's 401, with it the
+    answer; /health stays open and /metrics asks for the key."""
+    model = args.model
+    messages = [{"role": "user", "content": "Say hello."}]
+    refused = expect_error(401, "invalid_api_key",
+                           lambda: client.chat.completions.create(model=model, messages=messages, max_tokens=2))
+    expect_error(401, "invalid_api_key", lambda: client.models.list())
+    wrong = openai.OpenAI(base_url=args.base_url, api_key=API_KEY + "x", timeout=300, max_retries=0)
+    expect_error(401, "invalid_api_key",
+                 lambda: wrong.chat.completions.create(model=model, messages=messages, max_tokens=2, stream=True))
+    keyed = openai.OpenAI(base_url=args.base_url, api_key=API_KEY, timeout=300, max_retries=0)
+    whole = keyed.chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0)
+    streamed = "".join(c.choices[0].delta.content or "" for c in keyed.chat.completions.create(
+        model=model, messages=messages, max_tokens=3, temperature=0, stream=True) if c.choices)
+    models = [m.id for m in keyed.models.list()]
+
+    base = args.base_url.removesuffix("/v1")
+
+    def get(path, key=None):
+        request = urllib.request.Request(base + path)
+        if key:
+            request.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(request) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    metrics_status, _ = get("/metrics")
+    keyed_metrics_status, metrics_text = get("/metrics", API_KEY)
+    unauthorized = 0.0
+    for line in metrics_text.splitlines():
+        if 'outcome="unauthorized"' in line:
+            unauthorized = float(line.rsplit(" ", 1)[1])
+    return {
+        "refused_message": refused,
+        "whole": whole.choices[0].message.content,
+        "whole_tokens": whole.usage.completion_tokens,
+        "streamed": streamed,
+        "models": models,
+        "health": get("/health")[0],
+        "metrics_without_key": metrics_status,
+        "metrics_with_key": keyed_metrics_status,
+        "unauthorized": unauthorized,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
