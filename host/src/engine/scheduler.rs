@@ -381,6 +381,20 @@ impl<P: Prepared> Scheduler<P> {
         self.slots.iter().filter(|s| s.is_some()).count()
     }
 
+    /// Cache rows that slot-owning requests hold: a prefilling prompt's rows (all of them: they
+    /// are reserved), else the rows written. Rows a released slot keeps for the prefix cache are
+    /// free: any request may take the slot.
+    pub fn rows_in_use(&self) -> usize {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|a| match a.phase {
+                Phase::Prefilling { rows, .. } => rows.max(a.cache_len),
+                Phase::Ready(_) | Phase::Decoding => a.cache_len,
+            })
+            .sum()
+    }
+
     /// The request owning `slot`.
     pub fn slot_owner(&self, slot: usize) -> Option<RequestId> {
         self.slots.get(slot)?.as_ref().map(|a| a.id)

@@ -27,7 +27,7 @@ use mlxcel_host::engine::{
 use mlxcel_host::sampling::{Sampler, TokenLogprobs};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::metrics::Metrics;
+use super::metrics::{EngineGauges, Metrics};
 use crate::multimodal::{Encoders, Encoding, MediaError, MediaRequest};
 
 /// One request for the engine, prepared off the engine thread (template, tokens, decoded and
@@ -227,8 +227,11 @@ impl Engine {
             }
             self.advance_encoding();
             self.step();
-            self.metrics.queue_depth.store(self.queue_len() as u64, Ordering::Relaxed);
-            self.metrics.active_slots.store(self.scheduler.active_slots() as u64, Ordering::Relaxed);
+            self.metrics.engine(EngineGauges {
+                queue_depth: self.queue_len() as u64,
+                active_slots: self.scheduler.active_slots() as u64,
+                kv_rows_in_use: self.scheduler.rows_in_use() as u64,
+            });
             self.metrics.prefix_rows_reused.store(self.scheduler.reused_rows(), Ordering::Relaxed);
         }
         // Requests submitted while the thread stops are refused, never left waiting.

@@ -1,8 +1,8 @@
 //! The HTTP routes: `POST /v1/chat/completions` (whole or streamed as server-sent events),
-//! `GET /v1/models`, `/health` and `/metrics`.
+//! `GET /v1/models`, the probes `/live`, `/ready` (and `/health`, the same) and `/metrics`.
 //!
-//! With an API key set, every route but `/health` (and `/metrics` when left open) asks for it as
-//! OpenAI clients send it, `Authorization: Bearer <key>`, and answers 401 otherwise.
+//! With an API key set, every route but the probes (and `/metrics` when left open) asks for it
+//! as OpenAI clients send it, `Authorization: Bearer <key>`, and answers 401 otherwise.
 //!
 //! A request is checked and prepared (template, tokens, images decoded and preprocessed) on the
 //! blocking pool, bounded by a semaphore, then handed to the engine thread; its events come
@@ -91,7 +91,7 @@ impl Access {
     /// Whether a request to `path` with `headers` may go on.
     fn allows(&self, path: &str, headers: &HeaderMap) -> bool {
         let Some(key) = &self.key else { return true };
-        if path == "/health" || (path == "/metrics" && !self.metrics_need_key) {
+        if matches!(path, "/health" | "/live" | "/ready") || (path == "/metrics" && !self.metrics_need_key) {
             return true;
         }
         let Some(sent) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
@@ -131,6 +131,8 @@ pub(crate) fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/live", get(live))
+        .route("/ready", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), authorize))
@@ -141,11 +143,18 @@ pub(crate) fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
 async fn not_found() -> ApiError {
     ApiError::invalid(
         "not_found",
-        "no such route; this server serves /v1/chat/completions, /v1/models, /health and /metrics",
+        "no such route; this server serves /v1/chat/completions, /v1/models, /health, /live, /ready and /metrics",
     )
     .status(StatusCode::NOT_FOUND)
 }
 
+/// Liveness: the process answers HTTP (it may be draining).
+async fn live() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "alive"}))
+}
+
+/// Readiness (`/ready`, and `/health` as before): the server listens only once its decoder and
+/// plugins are loaded, so it is ready until it starts draining.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "draining"}))).into_response()
@@ -928,7 +937,9 @@ mod tests {
         assert!(!access.allows("/v1/models", &HeaderMap::new()));
         assert!(!access.allows("/metrics", &HeaderMap::new()), "metrics follow the key");
         assert!(!access.allows("/no/such/route", &HeaderMap::new()), "nothing is learnt about routes");
-        assert!(access.allows("/health", &HeaderMap::new()));
+        for probe in ["/health", "/live", "/ready"] {
+            assert!(access.allows(probe, &HeaderMap::new()), "{probe}");
+        }
         let open_metrics = Access::new(Some("sk-right"), false);
         assert!(open_metrics.allows("/metrics", &HeaderMap::new()));
         assert!(!open_metrics.allows("/v1/models", &HeaderMap::new()));

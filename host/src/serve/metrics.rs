@@ -1,6 +1,12 @@
-//! `/metrics` in the Prometheus text format: queue depth and active slots (set by the engine
-//! thread), time-to-first-token and time-per-output-token histograms, token and request counters,
-//! the prefix cache's reuse and the encoder cache's hits, misses and bytes.
+//! `/metrics` in the Prometheus text format: queue depth, active slots and KV-cache use (set by
+//! the engine thread), time-to-first-token and time-per-output-token histograms, token and request
+//! counters, the prefix cache's reuse and the encoder cache's hits, misses and bytes.
+//!
+//! The gauges an inference gateway routes by (the Gateway API Inference Extension's model server
+//! protocol) are `mlxcel_queue_depth` (its TotalQueuedRequests, vLLM's
+//! `num_requests_waiting`), `mlxcel_active_slots` (TotalRunningRequests, `num_requests_running`)
+//! and `mlxcel_kv_cache_usage` (KVCacheUtilization, `kv_cache_usage_perc`: a fraction from 0 to
+//! 1, as vLLM's is).
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -47,12 +53,25 @@ impl Histogram {
     }
 }
 
+/// What the engine thread publishes after each step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EngineGauges {
+    /// Requests waiting: for their images' encoder or for a slot.
+    pub(crate) queue_depth: u64,
+    /// KV slots owned by a request.
+    pub(crate) active_slots: u64,
+    /// Cache rows held by slot-owning requests (`Scheduler::rows_in_use`).
+    pub(crate) kv_rows_in_use: u64,
+}
+
 /// The server's counters. Gauges are atomics the engine thread stores; histograms sit behind a
 /// mutex held only to observe or render.
 #[derive(Debug)]
 pub(crate) struct Metrics {
-    pub(crate) queue_depth: AtomicU64,
-    pub(crate) active_slots: AtomicU64,
+    /// Published together after each engine step, so a scrape never mixes two steps.
+    engine: Mutex<EngineGauges>,
+    /// Cache rows in all: slots times rows per slot.
+    kv_rows: u64,
     /// Prompt rows prefills kept from a slot's earlier request (the prefix cache).
     pub(crate) prefix_rows_reused: AtomicU64,
     prompt_tokens: AtomicU64,
@@ -65,10 +84,11 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn new(encoder_cache: Option<&'static EncoderCache>) -> Self {
+    /// `kv_rows`: the decoder's cache rows in all (slots times rows per slot).
+    pub(crate) fn new(encoder_cache: Option<&'static EncoderCache>, kv_rows: u64) -> Self {
         Metrics {
-            queue_depth: AtomicU64::new(0),
-            active_slots: AtomicU64::new(0),
+            engine: Mutex::new(EngineGauges::default()),
+            kv_rows,
             prefix_rows_reused: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
@@ -76,6 +96,12 @@ impl Metrics {
             ttft: Mutex::new(Histogram::new(&TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(&TPOT_BUCKETS)),
             encoder_cache,
+        }
+    }
+
+    pub(crate) fn engine(&self, gauges: EngineGauges) {
+        if let Ok(mut g) = self.engine.lock() {
+            *g = gauges;
         }
     }
 
@@ -112,12 +138,18 @@ impl Metrics {
         let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         };
-        gauge(&mut out, "mlxcel_queue_depth", "Requests waiting for a slot.", self.queue_depth.load(Ordering::Relaxed));
+        let engine = self.engine.lock().map(|g| *g).unwrap_or_default();
         gauge(
             &mut out,
-            "mlxcel_active_slots",
-            "KV slots owned by a request.",
-            self.active_slots.load(Ordering::Relaxed),
+            "mlxcel_queue_depth",
+            "Requests waiting: for their images' encoder or for a slot.",
+            engine.queue_depth,
+        );
+        gauge(&mut out, "mlxcel_active_slots", "Requests running: KV slots owned by a request.", engine.active_slots);
+        let usage = if self.kv_rows == 0 { 0.0 } else { engine.kv_rows_in_use as f64 / self.kv_rows as f64 };
+        let _ = writeln!(
+            out,
+            "# HELP mlxcel_kv_cache_usage KV-cache rows held by running requests, as a fraction of all slots' rows.\n# TYPE mlxcel_kv_cache_usage gauge\nmlxcel_kv_cache_usage {usage}"
         );
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
@@ -185,7 +217,8 @@ mod tests {
 
     #[test]
     fn histograms_are_cumulative_and_counters_add_up() {
-        let m = Metrics::new(None);
+        let m = Metrics::new(None, 4 * 256);
+        m.engine(EngineGauges { queue_depth: 3, active_slots: 2, kv_rows_in_use: 256 });
         m.first_token(Duration::from_millis(30));
         m.first_token(Duration::from_secs(3));
         m.finished("stop", 10, 5, Duration::from_millis(40));
@@ -201,5 +234,7 @@ mod tests {
         assert!(text.contains("mlxcel_prompt_tokens_total 17\n"), "{text}");
         assert!(text.contains("mlxcel_generation_tokens_total 6\n"), "{text}");
         assert!(text.contains("mlxcel_requests_total{outcome=\"refused\"} 1\n"), "{text}");
+        assert!(text.contains("# TYPE mlxcel_kv_cache_usage gauge\nmlxcel_kv_cache_usage 0.25\n"), "{text}");
+        assert!(text.contains("mlxcel_queue_depth 3\n") && text.contains("mlxcel_active_slots 2\n"), "{text}");
     }
 }

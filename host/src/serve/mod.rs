@@ -171,7 +171,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             )
         })
         .transpose()?;
-    let metrics = Arc::new(metrics::Metrics::new(media.and_then(|m| m.encoder_cache())));
+    let kv_rows = (args.slots * args.context) as u64;
+    let metrics = Arc::new(metrics::Metrics::new(media.and_then(|m| m.encoder_cache()), kv_rows));
     let device_args: &'static DeviceArgs = Box::leak(Box::new(args.device.clone()));
     let shape = BundleShape { chunk: args.chunk, capacity: args.context, slots: args.slots };
     let load_dir = dir.clone();

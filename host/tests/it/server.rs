@@ -374,7 +374,24 @@ fn an_api_key_is_asked_of_every_route_but_health_and_the_openai_client_gets_401_
     assert_eq!(got["whole"], got["streamed"], "{got}");
     assert_eq!(got["models"][0], FIXTURE, "{got}");
     assert_eq!(got["health"], 200, "{got}");
+    assert_eq!(got["probes"], serde_json::json!([200, 200]), "/live and /ready need no key: {got}");
     assert_eq!(got["metrics_without_key"], 401, "{got}");
     assert_eq!(got["metrics_with_key"], 200, "{got}");
     assert_eq!(got["unauthorized"], 4.0, "three refused API calls and one /metrics: {got}");
+}
+
+#[test]
+fn the_gateway_gauges_follow_the_load_and_return_to_zero() {
+    let server = Server::start(&["--slots", "2"]);
+    let got = server.scenario("gateway_metrics");
+    assert_eq!(got["tokens"], serde_json::json!([160, 160, 160, 160, 160, 160]), "{got}");
+    assert!(got["busy_scrapes"].as_u64().unwrap_or(0) > 0, "no scrape saw both slots busy and a queue: {got}");
+    // Two slots of 256 rows, each holding at most its prompt and 160 tokens.
+    let max = got["max_usage"].as_f64().unwrap_or(0.0);
+    assert!(max > 0.0 && max <= 1.0, "{got}");
+    assert_eq!(
+        got["end"],
+        serde_json::json!({"mlxcel_queue_depth": 0.0, "mlxcel_active_slots": 0.0, "mlxcel_kv_cache_usage": 0.0}),
+        "{got}"
+    );
 }

@@ -585,6 +585,50 @@ def scenario_remote(client, args):
     return seen
 
 
+def scenario_gateway_metrics(client, args):
+    """The gauges an inference gateway routes by, scraped while 6 long streams share a 2-slot server:
+    every scrape is consistent (running requests at most the slots, KV use within what they can hold),
+    some scrape sees the slots full with requests waiting, and all return to zero at the end."""
+    def gauges():
+        with urllib.request.urlopen(args.base_url.removesuffix("/v1") + "/metrics") as response:
+            text = response.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
+    def run(i):
+        r = client.chat.completions.create(model=args.model, messages=[{"role": "user", "content": f"Story {i}."}],
+                                           max_tokens=160, temperature=0, extra_body=IGNORE_EOS)
+        return r.usage.completion_tokens
+
+    scrapes = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        futures = [pool.submit(run, i) for i in range(6)]
+        while not all(f.done() for f in futures):
+            scrapes.append(gauges())
+            time.sleep(0.005)
+        tokens = [f.result() for f in futures]
+    for g in scrapes:
+        assert 0 <= g["mlxcel_active_slots"] <= 2, g
+        assert 0 <= g["mlxcel_kv_cache_usage"] <= g["mlxcel_active_slots"] / 2, g
+        assert (g["mlxcel_kv_cache_usage"] > 0) == (g["mlxcel_active_slots"] > 0), g
+    busy = [g for g in scrapes if g["mlxcel_active_slots"] == 2 and g["mlxcel_queue_depth"] > 0]
+    deadline = time.time() + 30
+    while time.time() < deadline and gauges()["mlxcel_active_slots"] != 0:
+        time.sleep(0.01)
+    end = gauges()
+    return {
+        "tokens": tokens,
+        "scrapes": len(scrapes),
+        "busy_scrapes": len(busy),
+        "max_usage": max(g["mlxcel_kv_cache_usage"] for g in scrapes),
+        "end": {k: end[k] for k in ("mlxcel_queue_depth", "mlxcel_active_slots", "mlxcel_kv_cache_usage")},
+    }
+
+
 API_KEY = "sk-mlxcel-test-key"
 
 
@@ -630,6 +674,7 @@ def scenario_api_key(client, args):
         "streamed": streamed,
         "models": models,
         "health": get("/health")[0],
+        "probes": [get("/live")[0], get("/ready")[0]],
         "metrics_without_key": metrics_status,
         "metrics_with_key": keyed_metrics_status,
         "unauthorized": unauthorized,
