@@ -54,6 +54,141 @@ pub(crate) struct ChatRequest {
     pub(crate) parallel_tool_calls: Option<bool>,
 }
 
+/// `POST /v1/completions` (OpenAI's legacy text completions, which inference gateways route):
+/// one prompt, as text or token ids. Unknown fields are refused, as for chat. The generation
+/// fields repeat [`ChatRequest`]'s because serde cannot refuse unknown fields of a struct that
+/// flattens another; [`CompletionRequest::into_parts`] hands them to the one place that checks
+/// them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompletionRequest {
+    pub(crate) model: String,
+    pub(crate) prompt: PromptField,
+    #[serde(default)]
+    pub(crate) stream: bool,
+    pub(crate) stream_options: Option<StreamOptions>,
+    /// OpenAI's default for completions is 16.
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) temperature: Option<f32>,
+    pub(crate) top_p: Option<f32>,
+    pub(crate) top_k: Option<i64>,
+    pub(crate) min_p: Option<f32>,
+    pub(crate) repetition_penalty: Option<f32>,
+    pub(crate) frequency_penalty: Option<f32>,
+    pub(crate) presence_penalty: Option<f32>,
+    pub(crate) seed: Option<i64>,
+    pub(crate) stop: Option<StopField>,
+    #[serde(default)]
+    pub(crate) stop_token_ids: Vec<u32>,
+    #[serde(default)]
+    pub(crate) ignore_eos: bool,
+    /// How many most likely tokens to report beside each chosen one (0 reports the chosen one's
+    /// log-probability alone); absent reports none.
+    pub(crate) logprobs: Option<u32>,
+    pub(crate) n: Option<u32>,
+    /// Only 1: one completion is generated per request.
+    pub(crate) best_of: Option<u32>,
+    /// Only `false`: the prompt is not repeated in the answer.
+    #[serde(default)]
+    pub(crate) echo: bool,
+    /// Refused: no text is generated to fit before a suffix.
+    pub(crate) suffix: Option<String>,
+    pub(crate) logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    pub(crate) user: Option<String>,
+}
+
+impl CompletionRequest {
+    /// The prompt, and the generation fields as a chat request carries them (no messages), so
+    /// both endpoints check them in one place.
+    pub(crate) fn into_parts(self) -> (PromptField, ChatRequest) {
+        let logprobs = self.logprobs.is_some();
+        let chat = ChatRequest {
+            model: self.model,
+            messages: Vec::new(),
+            stream: self.stream,
+            stream_options: self.stream_options,
+            max_tokens: Some(self.max_tokens.unwrap_or(16)),
+            max_completion_tokens: None,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+            stop: self.stop,
+            stop_token_ids: self.stop_token_ids,
+            ignore_eos: self.ignore_eos,
+            logprobs,
+            top_logprobs: self.logprobs,
+            n: self.n,
+            logit_bias: self.logit_bias,
+            user: self.user,
+            store: None,
+            metadata: None,
+            service_tier: None,
+            parallel_tool_calls: None,
+        };
+        (self.prompt, chat)
+    }
+}
+
+/// A completion's prompt: text or token ids, or a list holding exactly one of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum PromptField {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Completion {
+    pub(crate) id: String,
+    pub(crate) object: &'static str,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usage: Option<UsageBody>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct CompletionChoice {
+    pub(crate) index: u32,
+    pub(crate) text: String,
+    pub(crate) finish_reason: Option<&'static str>,
+    pub(crate) logprobs: Option<CompletionLogprobs>,
+}
+
+/// The completions API's log-probabilities: per generated token, its text, its log-probability,
+/// the most likely tokens' (text to log-probability) and where its text starts in the answer.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct CompletionLogprobs {
+    pub(crate) tokens: Vec<String>,
+    pub(crate) token_logprobs: Vec<f32>,
+    pub(crate) top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    pub(crate) text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Adds one token's log-probabilities; its text starts at character `offset`.
+    pub(crate) fn push(&mut self, token: TokenLogprobBody, offset: usize) {
+        self.tokens.push(token.token);
+        self.token_logprobs.push(token.logprob);
+        // Two tokens may read the same (byte pieces of one character both read "\u{fffd}"): the
+        // map keeps the likelier, which comes first.
+        let mut top = std::collections::BTreeMap::new();
+        for t in token.top_logprobs {
+            top.entry(t.token).or_insert(t.logprob);
+        }
+        self.top_logprobs.push(top);
+        self.text_offset.push(offset);
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamOptions {

@@ -1,4 +1,5 @@
-//! The HTTP routes: `POST /v1/chat/completions` (whole or streamed as server-sent events),
+//! The HTTP routes: `POST /v1/chat/completions` and `/v1/completions` (whole or streamed as
+//! server-sent events),
 //! `GET /v1/models`, the probes `/live`, `/ready` (and `/health`, the same) and `/metrics`.
 //!
 //! With an API key set, every route but the probes (and `/metrics` when left open) asks for it
@@ -32,8 +33,9 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::api::{
-    ApiError, AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Choice, ChunkChoice, ContentPart, Delta,
-    LogprobsBody, MessageContent, TokenLogprobBody, TopLogprobBody, UsageBody,
+    ApiError, AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Choice, ChunkChoice, Completion,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, ContentPart, Delta, LogprobsBody, MessageContent,
+    PromptField, TokenLogprobBody, TopLogprobBody, UsageBody,
 };
 use super::engine::{EngineHandle, Event, Job, Refusal};
 use super::fetch::RemoteImages;
@@ -129,6 +131,7 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
 pub(crate) fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/live", get(live))
@@ -143,7 +146,7 @@ pub(crate) fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
 async fn not_found() -> ApiError {
     ApiError::invalid(
         "not_found",
-        "no such route; this server serves /v1/chat/completions, /v1/models, /health, /live, /ready and /metrics",
+        "no such route; this server serves /v1/chat/completions, /v1/completions, /v1/models, /health, /live, /ready and /metrics",
     )
     .status(StatusCode::NOT_FOUND)
 }
@@ -199,7 +202,16 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
 
 async fn chat(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    match start(&state, body, arrived).await {
+    respond(&state, start_chat(&state, body, arrived).await)
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
+    respond(&state, start_completion(&state, body, arrived).await)
+}
+
+fn respond(state: &AppState, answer: Result<Response, ApiError>) -> Response {
+    match answer {
         Ok(response) => response,
         Err(e) => {
             state.metrics.count("refused");
@@ -208,8 +220,16 @@ async fn chat(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejec
     }
 }
 
+/// Which API a request came through: the shape of its answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Completion,
+}
+
 /// Everything a request decided before the engine took it.
 struct Accepted {
+    api: Api,
     id: String,
     prompt: Vec<u32>,
     stream: bool,
@@ -219,32 +239,42 @@ struct Accepted {
     events: mpsc::UnboundedReceiver<Event>,
 }
 
-async fn start(
-    state: &Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-    arrived: Instant,
-) -> Result<Response, ApiError> {
+/// The request body, unless the server drains or the body is refused (too large, unreadable).
+fn read_body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     if state.draining.load(Ordering::Relaxed) {
         return Err(draining());
     }
-    let body = body.map_err(|e| {
+    body.map_err(|e| {
         let status = e.status();
         ApiError::invalid(
             if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "invalid_body" },
             e.body_text(),
         )
         .status(status)
-    })?;
-    let request: ChatRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid("invalid_json", format!("the request body is not a valid chat request: {e}")))?;
-    if request.model != state.model_id {
+    })
+}
+
+fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if model != state.model_id {
         return Err(ApiError::invalid(
             "model_not_found",
-            format!("the model `{}` does not exist; this server serves `{}`", request.model, state.model_id),
+            format!("the model `{model}` does not exist; this server serves `{}`", state.model_id),
         )
         .param("model")
         .status(StatusCode::NOT_FOUND));
     }
+    Ok(())
+}
+
+async fn start_chat(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let body = read_body(state, body)?;
+    let request: ChatRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid("invalid_json", format!("the request body is not a valid chat request: {e}")))?;
+    check_model(state, &request.model)?;
     let options = Options::from_request(&request, &state.text)?;
     let (messages, sources) = messages(request.messages, state)?;
     let mut images = Vec::with_capacity(sources.len());
@@ -271,7 +301,83 @@ async fn start(
     .await
     .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
     let (prompt, media) = prepared;
+    run(state, Api::Chat, options, prompt, media, arrived).await
+}
 
+async fn start_completion(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let body = read_body(state, body)?;
+    let request: CompletionRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid("invalid_json", format!("the request body is not a valid completion request: {e}"))
+    })?;
+    if request.echo {
+        return Err(
+            ApiError::invalid("unsupported_value", "echo: the prompt is not repeated in the answer").param("echo")
+        );
+    }
+    if request.suffix.is_some() {
+        return Err(
+            ApiError::invalid("unsupported_value", "suffix: text after the completion is not served").param("suffix")
+        );
+    }
+    if let Some(n) = request.best_of
+        && n != 1
+    {
+        return Err(ApiError::invalid("unsupported_value", format!("best_of = {n}: one completion is generated"))
+            .param("best_of"));
+    }
+    let (prompt, fields) = request.into_parts();
+    check_model(state, &fields.model)?;
+    let options = Options::from_request(&fields, &state.text)?;
+    let one = |n: usize| {
+        ApiError::invalid("unsupported_value", format!("{n} prompts: one prompt per request is served")).param("prompt")
+    };
+    let ids = match prompt {
+        PromptField::Text(text) => tokenize_prompt(state, text).await?,
+        PromptField::Texts(mut texts) if texts.len() == 1 => tokenize_prompt(state, texts.remove(0)).await?,
+        PromptField::Tokens(ids) => ids,
+        PromptField::TokenLists(mut lists) if lists.len() == 1 => lists.remove(0),
+        PromptField::Texts(texts) => return Err(one(texts.len())),
+        PromptField::TokenLists(lists) => return Err(one(lists.len())),
+    };
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= state.text.vocab) {
+        return Err(ApiError::invalid(
+            "invalid_value",
+            format!("prompt token {bad} is not a token id of this model's vocabulary (0 to {})", state.text.vocab - 1),
+        )
+        .param("prompt"));
+    }
+    if ids.is_empty() {
+        return Err(ApiError::invalid("empty_prompt", "the prompt is empty").param("prompt"));
+    }
+    run(state, Api::Completion, options, ids, None, arrived).await
+}
+
+/// A completion's text prompt as the checkpoint's tokenizer makes it, special tokens included
+/// (what `tokenizer(prompt)` gives in transformers), on the blocking pool.
+async fn tokenize_prompt(state: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiError> {
+    let permit = state.preparing.clone().acquire_owned().await.map_err(|_| draining())?;
+    let text_side = Arc::clone(&state.text);
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        text_side.tokenizer.encode(&text, true).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?
+}
+
+/// Hands a prepared request to the engine and answers it, whole or streamed, in `api`'s shape.
+async fn run(
+    state: &Arc<AppState>,
+    api: Api,
+    options: Options,
+    prompt: Vec<u32>,
+    media: Option<MediaRequest<'static>>,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     let (tx, mut events) = mpsc::unbounded_channel();
     let job = Job {
         prompt: prompt.clone(),
@@ -292,8 +398,13 @@ async fn start(
         None if state.draining.load(Ordering::Relaxed) => return Err(draining()),
         None => return Err(ApiError::internal("the engine dropped the request")),
     }
+    let prefix = match api {
+        Api::Chat => "chatcmpl",
+        Api::Completion => "cmpl",
+    };
     let accepted = Accepted {
-        id: format!("chatcmpl-{}", uuid_like()),
+        api,
+        id: format!("{prefix}-{}", uuid_like()),
         prompt,
         stream: options.stream,
         include_usage: options.include_usage,
@@ -726,7 +837,9 @@ async fn whole(
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    // Each token's log-probabilities, and where its text starts in the answer (in characters).
     let mut logprobs = Vec::new();
+    let mut chars = 0;
     let mut first: Option<Instant> = None;
     let mut usage = None;
     let mut cached = 0;
@@ -739,8 +852,9 @@ async fn whole(
                     state.metrics.first_token(arrived.elapsed());
                 }
                 let piece = out.token(token, lp)?;
+                logprobs.extend(piece.logprobs.map(|lp| (lp, chars)));
+                chars += piece.text.chars().count();
                 text.push_str(&piece.text);
-                logprobs.extend(piece.logprobs);
                 if piece.stopped {
                     // Dropping the receiver below cancels the rest in the engine.
                     state.metrics.finished("stop", a.prompt.len(), out.tokens, decoding(first));
@@ -759,21 +873,47 @@ async fn whole(
         }
     };
     drop(a.events);
-    let body = ChatCompletion {
-        id: a.id,
-        object: "chat.completion",
-        created: now(),
-        model: state.model_id.clone(),
-        choices: vec![Choice {
-            index: 0,
-            message: AssistantMessage { role: "assistant", content: text },
-            finish_reason: reason,
-            logprobs: a.logprobs.then_some(LogprobsBody { content: logprobs }),
-        }],
-        // Ended by a stop string: the tokens received so far.
-        usage: usage.unwrap_or_else(|| UsageBody::new(a.prompt.len(), out.tokens, cached)),
-    };
-    Ok(Json(body).into_response())
+    // Ended by a stop string: the tokens received so far.
+    let usage = usage.unwrap_or_else(|| UsageBody::new(a.prompt.len(), out.tokens, cached));
+    let (id, created, model) = (a.id, now(), state.model_id.clone());
+    Ok(match a.api {
+        Api::Chat => Json(ChatCompletion {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices: vec![Choice {
+                index: 0,
+                message: AssistantMessage { role: "assistant", content: text },
+                finish_reason: reason,
+                logprobs: a
+                    .logprobs
+                    .then(|| LogprobsBody { content: logprobs.into_iter().map(|(lp, _)| lp).collect() }),
+            }],
+            usage,
+        })
+        .into_response(),
+        Api::Completion => Json(Completion {
+            id,
+            object: "text_completion",
+            created,
+            model,
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                finish_reason: Some(reason),
+                logprobs: a.logprobs.then(|| {
+                    let mut body = CompletionLogprobs::default();
+                    for (lp, offset) in logprobs {
+                        body.push(lp, offset);
+                    }
+                    body
+                }),
+            }],
+            usage: Some(usage),
+        })
+        .into_response(),
+    })
 }
 
 /// A streamed answer: a role chunk, a chunk per piece of text, a finish chunk, the usage chunk
@@ -784,36 +924,17 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
     let id = a.id.clone();
     let model = state.model_id.clone();
     let task_state = Arc::clone(&state);
+    let chunks = Chunks { api: a.api, id, created, model, logprobs: a.logprobs };
     tokio::spawn(async move {
         let state = task_state;
-        let chunk = |choices: Vec<ChunkChoice>, usage: Option<UsageBody>| ChatChunk {
-            id: id.clone(),
-            object: "chat.completion.chunk",
-            created,
-            model: model.clone(),
-            choices,
-            usage,
-        };
-        let content =
-            |text: String, finish: Option<&'static str>, lp: Option<TokenLogprobBody>, logprobs: bool| ChunkChoice {
-                index: 0,
-                delta: Delta {
-                    role: None,
-                    content: if text.is_empty() && finish.is_some() { None } else { Some(text) },
-                },
-                finish_reason: finish,
-                logprobs: if logprobs { Some(LogprobsBody { content: lp.into_iter().collect() }) } else { None },
-            };
-        let data = |c: &ChatChunk| SseEvent::default().data(serde_json::to_string(c).unwrap_or_default());
-        let role = ChunkChoice {
-            index: 0,
-            delta: Delta { role: Some("assistant"), content: None },
-            finish_reason: None,
-            logprobs: None,
-        };
-        if tx.send(Ok(data(&chunk(vec![role], None)))).await.is_err() {
+        let data = |value: serde_json::Value| SseEvent::default().data(value.to_string());
+        if let Some(role) = chunks.role()
+            && tx.send(Ok(data(role))).await.is_err()
+        {
             return;
         }
+        // Characters of the answer sent so far (where the next token's text starts).
+        let mut chars = 0;
         let mut first: Option<Instant> = None;
         let mut cached = 0;
         let finish: Result<&'static str, ApiError> = loop {
@@ -837,8 +958,9 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                         Err(e) => break Err(e),
                     };
                     if !piece.text.is_empty() || piece.logprobs.is_some() {
-                        let c = chunk(vec![content(piece.text, None, piece.logprobs, a.logprobs)], None);
-                        if tx.send(Ok(data(&c))).await.is_err() {
+                        let c = chunks.piece(piece.text.clone(), piece.logprobs, chars);
+                        chars += piece.text.chars().count();
+                        if tx.send(Ok(data(c))).await.is_err() {
                             state.metrics.finished("cancelled", a.prompt.len(), out.tokens, decoding(first));
                             return;
                         }
@@ -852,8 +974,7 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                     state.metrics.finished(outcome(&reason), a.prompt.len(), out.tokens, decoding(first));
                     match out.finish() {
                         Ok(tail) if !tail.text.is_empty() => {
-                            let c = chunk(vec![content(tail.text, None, None, false)], None);
-                            let _ = tx.send(Ok(data(&c))).await;
+                            let _ = tx.send(Ok(data(chunks.piece(tail.text, None, chars)))).await;
                         }
                         Ok(_) => {}
                         Err(e) => break Err(e),
@@ -867,11 +988,10 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
         drop(a.events);
         match finish {
             Ok(reason) => {
-                let c = chunk(vec![content(String::new(), Some(reason), None, false)], None);
-                let _ = tx.send(Ok(data(&c))).await;
+                let _ = tx.send(Ok(data(chunks.finish(reason)))).await;
                 if a.include_usage {
-                    let c = chunk(Vec::new(), Some(UsageBody::new(a.prompt.len(), out.tokens, cached)));
-                    let _ = tx.send(Ok(data(&c))).await;
+                    let usage = UsageBody::new(a.prompt.len(), out.tokens, cached);
+                    let _ = tx.send(Ok(data(chunks.usage(usage)))).await;
                 }
             }
             Err(e) => {
@@ -881,6 +1001,97 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
         let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
     });
     Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+/// A streamed answer's chunks, in its API's shape.
+struct Chunks {
+    api: Api,
+    id: String,
+    created: u64,
+    model: String,
+    /// Log-probabilities were asked for.
+    logprobs: bool,
+}
+
+impl Chunks {
+    /// Chat's first chunk, naming the role; completions have none.
+    fn role(&self) -> Option<serde_json::Value> {
+        let role = ChunkChoice {
+            index: 0,
+            delta: Delta { role: Some("assistant"), content: None },
+            finish_reason: None,
+            logprobs: None,
+        };
+        (self.api == Api::Chat).then(|| self.chat(vec![role], None))
+    }
+
+    /// A piece of the answer (with its token's log-probabilities, the token's text starting at
+    /// character `offset`).
+    fn piece(&self, text: String, lp: Option<TokenLogprobBody>, offset: usize) -> serde_json::Value {
+        match self.api {
+            Api::Chat => {
+                let logprobs = self.logprobs.then(|| LogprobsBody { content: lp.into_iter().collect() });
+                let delta = Delta { role: None, content: Some(text) };
+                self.chat(vec![ChunkChoice { index: 0, delta, finish_reason: None, logprobs }], None)
+            }
+            Api::Completion => {
+                let logprobs = self.logprobs.then(|| {
+                    let mut body = CompletionLogprobs::default();
+                    if let Some(lp) = lp {
+                        body.push(lp, offset);
+                    }
+                    body
+                });
+                self.completion(vec![CompletionChoice { index: 0, text, finish_reason: None, logprobs }], None)
+            }
+        }
+    }
+
+    fn finish(&self, reason: &'static str) -> serde_json::Value {
+        match self.api {
+            Api::Chat => {
+                let choice =
+                    ChunkChoice { index: 0, delta: Delta::default(), finish_reason: Some(reason), logprobs: None };
+                self.chat(vec![choice], None)
+            }
+            Api::Completion => {
+                let choice =
+                    CompletionChoice { index: 0, text: String::new(), finish_reason: Some(reason), logprobs: None };
+                self.completion(vec![choice], None)
+            }
+        }
+    }
+
+    fn usage(&self, usage: UsageBody) -> serde_json::Value {
+        match self.api {
+            Api::Chat => self.chat(Vec::new(), Some(usage)),
+            Api::Completion => self.completion(Vec::new(), Some(usage)),
+        }
+    }
+
+    fn chat(&self, choices: Vec<ChunkChoice>, usage: Option<UsageBody>) -> serde_json::Value {
+        let chunk = ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        };
+        serde_json::to_value(chunk).unwrap_or_default()
+    }
+
+    fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<UsageBody>) -> serde_json::Value {
+        let chunk = Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        };
+        serde_json::to_value(chunk).unwrap_or_default()
+    }
 }
 
 fn decoding(first: Option<Instant>) -> Duration {

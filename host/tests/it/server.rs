@@ -266,6 +266,16 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     // golden image variants among them still give the golden tokens.
     check_mixed_batch(&server);
 
+    // /v1/completions: the text golden's prompt gives its greedy tokens (the script checks text,
+    // ids and stream agree); what the endpoint cannot honour is refused naming it.
+    let got = server.scenario("completions");
+    assert_eq!(got["tokens"], golden_token_names(FIXTURE, "text_only", &tokenizer), "{got}");
+    for (case, field) in [("two_prompts", "one prompt"), ("echo", "echo"), ("suffix", "suffix"), ("best_of", "best_of")]
+    {
+        assert!(got["refused"][case].as_str().unwrap_or_default().contains(field), "{case}: {got}");
+    }
+    assert!(got["refused"]["unknown_field"].as_str().unwrap_or_default().contains("response_format"), "{got}");
+
     let got = server.scenario("cancel");
     assert_eq!(got["chunks_read"], 3, "{got}");
 

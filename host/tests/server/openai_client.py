@@ -585,6 +585,63 @@ def scenario_remote(client, args):
     return seen
 
 
+def scenario_completions(client, args):
+    """/v1/completions: the text golden's rendered prompt, as text and as its token ids, greedy, whole and
+    streamed, with logprobs; one prompt per request; what completions cannot honour is a 400 naming it."""
+    golden = json.loads((args.fixture / "goldens" / "text_only.json").read_text())
+    model = args.model
+    params = {"max_tokens": 16, "temperature": 0, "extra_body": IGNORE_EOS}
+    by_text = client.completions.create(model=model, prompt=golden["prompt"], logprobs=2, **params)
+    by_ids = client.completions.create(model=model, prompt=golden["input_ids"], **params)
+    one_in_list = client.completions.create(model=model, prompt=[golden["prompt"]], **params)
+    choice = by_text.choices[0]
+    assert by_text.object == "text_completion" and by_text.id.startswith("cmpl-"), by_text
+    assert choice.finish_reason == "length", choice
+    assert by_text.usage.prompt_tokens == golden["n_prompt_tokens"], by_text.usage
+    assert by_text.usage.completion_tokens == 16, by_text.usage
+    assert by_ids.choices[0].text == choice.text == one_in_list.choices[0].text, (by_ids, choice, one_in_list)
+    assert by_ids.choices[0].logprobs is None, by_ids.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 16, lp
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), lp.text_offset
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        # Greedy: the chosen token is the most likely one.
+        assert 1 <= len(top) <= 2 and abs(chosen - max(top.values())) < 1e-6, (chosen, top)
+
+    stream = client.completions.create(model=model, prompt=golden["prompt"], stream=True,
+                                       stream_options={"include_usage": True}, **params)
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        assert chunk.object == "text_completion", chunk
+        if chunk.usage is not None:
+            assert chunk.choices == [], chunk
+            usage = chunk.usage
+            continue
+        pieces.append(chunk.choices[0].text)
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "length" and usage is not None and usage.completion_tokens == 16, (finish, usage)
+    assert "".join(pieces) == choice.text, ("".join(pieces), choice.text)
+    stop = choice.text[4:6]
+    cut = client.completions.create(model=model, prompt=golden["prompt"], stop=stop, **params)
+    assert cut.choices[0].finish_reason == "stop", cut
+    assert cut.choices[0].text == choice.text[: choice.text.find(stop)], (cut, stop)
+
+    errors = {
+        "two_prompts": ("unsupported_value", dict(prompt=["a", "b"])),
+        "echo": ("unsupported_value", dict(prompt="a", echo=True)),
+        "suffix": ("unsupported_value", dict(prompt="a", suffix="z")),
+        "best_of": ("unsupported_value", dict(prompt="a", best_of=2)),
+        "n": ("unsupported_value", dict(prompt="a", n=2)),
+        "token_out_of_vocabulary": ("invalid_value", dict(prompt=[1, 10**6])),
+        "empty": ("empty_prompt", dict(prompt=[])),
+        "unknown_field": ("invalid_json", dict(prompt="a", extra_body={"response_format": {"type": "json_object"}})),
+    }
+    refused = {}
+    for name, (code, fields) in errors.items():
+        refused[name] = expect_error(400, code, lambda: client.completions.create(model=model, max_tokens=2, **fields))
+    return {"tokens": lp.tokens, "text": choice.text, "refused": refused}
+
+
 def scenario_gateway_metrics(client, args):
     """The gauges an inference gateway routes by, scraped while 6 long streams share a 2-slot server:
     every scrape is consistent (running requests at most the slots, KV use within what they can hold),
