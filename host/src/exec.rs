@@ -23,6 +23,18 @@ pub(crate) struct DeviceArgs {
     /// Compile cache directory [default: $MLXCEL_CACHE_DIR or ~/.cache/mlxcel/compiled].
     #[arg(long)]
     pub(crate) cache_dir: Option<PathBuf>,
+    /// Only read the compile cache (one built ahead with `mlxcel-host compile`, mounted
+    /// read-only): a module it does not hold is an error, never compiled.
+    #[arg(long, env = "MLXCEL_CACHE_READ_ONLY")]
+    pub(crate) compile_cache_read_only: bool,
+}
+
+impl DeviceArgs {
+    /// The compile cache these flags name.
+    pub(crate) fn compile_cache(&self) -> CompileCache {
+        let dir = self.cache_dir.clone().unwrap_or_else(CompileCache::default_dir);
+        if self.compile_cache_read_only { CompileCache::read_only(dir) } else { CompileCache::new(dir) }
+    }
 }
 
 /// The text decoder's activations.
@@ -70,7 +82,7 @@ pub(crate) fn compile(
     args: &DeviceArgs,
 ) -> Result<mlxcel_shim::Artifact> {
     let compiler = Compiler::locate()?;
-    let cache = CompileCache::new(args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
+    let cache = args.compile_cache();
     let target = Target::Cpu { cpu: args.target_cpu.clone() };
     let record = contract.map(|(c, sources)| {
         // The backend is the compiler, the target and the flags that change codegen.

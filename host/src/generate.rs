@@ -16,7 +16,7 @@ use mlxcel_host::{
     text::{ChatTemplate, Content, Detokenizer, Message, Part, Tokenizer, stop_tokens},
 };
 use mlxcel_plugin_api::QualificationPolicy;
-use mlxcel_shim::{CacheOutcome, CompileCache, Compiler, Device, Driver, Target};
+use mlxcel_shim::{CacheOutcome, Compiler, Device, Driver, Target};
 
 use crate::exec::{Compute, DeviceArgs};
 use crate::multimodal::{Encoders, MediaModel, MediaRequest};
@@ -357,7 +357,7 @@ fn load(
     };
     let loaded = (|| {
         let compiler = Compiler::locate()?;
-        let cache = CompileCache::new(args.device.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
+        let cache = args.device.compile_cache();
         let device = Device::new(driver)?;
         let options = DecoderOptions {
             shape: BundleShape { chunk: args.chunk, capacity: args.capacity, slots: 1 },

@@ -50,6 +50,9 @@ enum Command {
     /// Serve a checkpoint over an OpenAI-compatible HTTP API (chat completions, streaming,
     /// images through the family plugin).
     Serve(Box<serve::ServeArgs>),
+    /// Build ahead everything `serve` with the same flags compiles (the decoder bundle, every
+    /// encoder bucket) into the compile cache, for a server that mounts it read-only.
+    Compile(Box<serve::ServeArgs>),
     /// Family plugins: list a plugin directory, inspect a manifest, verify a plugin against a
     /// fixture's goldens.
     Plugins {
@@ -80,6 +83,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Generate(args) => generate::generate(&args),
         Command::Serve(args) => serve::serve(*args),
+        Command::Compile(args) => serve::compile(*args),
         Command::Plugins { command } => plugins::run(&command),
     }
 }

@@ -17,8 +17,8 @@ use mlxcel_host::engine::RowContent;
 use mlxcel_plugin_api::{
     Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError,
     ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaGrid, MediaItem, Modality, ModelConfig, PlaceMode,
-    PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, Tensor,
-    TensorSpec,
+    PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, ShapeBucket,
+    Status, Tensor, TensorSpec,
 };
 use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Invocation, Parameters, Session};
 
@@ -124,6 +124,19 @@ impl<'a> MediaModel<'a> {
 
     pub(crate) fn plugin(&self) -> &'a LoadedPlugin {
         self.plugin
+    }
+
+    /// Compiles (or loads from the compile cache) every encoder bucket of each modality the
+    /// plugin's manifest does not mark unsupported; the number of buckets.
+    pub(crate) fn warm(&self, encoders: &mut Encoders) -> Result<usize> {
+        let mut buckets = 0;
+        for (capability, modality) in [(Capability::Image, Modality::Image), (Capability::Audio, Modality::Audio)] {
+            let status = self.plugin.manifest().capability(capability).map(|c| c.status);
+            if matches!(status, Some(Status::Qualified | Status::Experimental)) {
+                buckets += encoders.warm(self.plugin, &self.config, modality)?;
+            }
+        }
+        Ok(buckets)
     }
 
     /// The text decoder spec the checkpoint's plugin brings, if any.
@@ -798,6 +811,53 @@ impl<'a> Encoders<'a> {
                     item.tensors.iter().map(|t| format!("{} {:?}", t.spec.name, t.spec.shape.as_slice())).collect();
                 format!("no encoder bucket holds {}", shapes.join(", "))
             })?;
+        let (graph, session) = self.session(plugin, config, modality, bucket)?;
+
+        let mut inputs = Vec::new();
+        for spec in graph.inputs.iter() {
+            let tensor =
+                item.tensors.iter().find(|t| t.spec.name == spec.name).with_context(|| {
+                    format!("the encoder input `{}` is not among the preprocessed tensors", spec.name)
+                })?;
+            let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
+            inputs.push(HostTensor::from_bytes(shim_dtype(spec.dtype), shape, pad(tensor, &spec.shape))?);
+        }
+        let entry = graph.entry_function.as_str();
+        let function = session
+            .functions()
+            .iter()
+            .find(|f| f.name == entry || f.name.rsplit_once('.').is_some_and(|(_, name)| name == entry))
+            .with_context(|| format!("the compiled encoder exports no function `{entry}`"))?
+            .name
+            .clone();
+        let args: Vec<Arg<'_>> = inputs.iter().map(Arg::from).collect();
+        let invocation = session.start(&function, &args)?;
+        Ok(Encoding {
+            invocation,
+            outputs: graph.outputs.iter().map(|spec| spec.name.to_string()).collect(),
+            rows: item.grid.feature_tokens as usize,
+        })
+    }
+
+    /// Compiles (or takes from the compile cache) and loads every bucket of the plugin's
+    /// `modality` encoder, so that no request waits for one: what `mlxcel-host compile` builds
+    /// ahead and `serve --warm-encoders` does before it listens.
+    pub(crate) fn warm(&mut self, plugin: &LoadedPlugin, config: &ModelConfig, modality: Modality) -> Result<usize> {
+        let buckets = plugin.encoder_buckets(config, modality)?;
+        for bucket in buckets.iter() {
+            self.session(plugin, config, modality, bucket)?;
+        }
+        Ok(buckets.len())
+    }
+
+    /// The compiled and loaded encoder of one bucket, made on first use.
+    fn session(
+        &mut self,
+        plugin: &LoadedPlugin,
+        config: &ModelConfig,
+        modality: Modality,
+        bucket: &ShapeBucket,
+    ) -> Result<&(EncoderGraph, Session)> {
         let key = format!("{}/{}/{}", plugin.name(), modality.as_str(), bucket.id);
         if !self.sessions.contains_key(&key) {
             let request = EncoderGraphRequest { modality, bucket: bucket.id.clone() };
@@ -838,32 +898,7 @@ impl<'a> Encoders<'a> {
             let session = Session::new(device, self.parameters.get(&scope), &[&artifact])?;
             self.sessions.insert(key.clone(), (graph, session));
         }
-        let (graph, session) = self.sessions.get(&key).context("invariant: the session was just made")?;
-
-        let mut inputs = Vec::new();
-        for spec in graph.inputs.iter() {
-            let tensor =
-                item.tensors.iter().find(|t| t.spec.name == spec.name).with_context(|| {
-                    format!("the encoder input `{}` is not among the preprocessed tensors", spec.name)
-                })?;
-            let shape: Vec<usize> = spec.shape.iter().map(|&d| d as usize).collect();
-            inputs.push(HostTensor::from_bytes(shim_dtype(spec.dtype), shape, pad(tensor, &spec.shape))?);
-        }
-        let entry = graph.entry_function.as_str();
-        let function = session
-            .functions()
-            .iter()
-            .find(|f| f.name == entry || f.name.rsplit_once('.').is_some_and(|(_, name)| name == entry))
-            .with_context(|| format!("the compiled encoder exports no function `{entry}`"))?
-            .name
-            .clone();
-        let args: Vec<Arg<'_>> = inputs.iter().map(Arg::from).collect();
-        let invocation = session.start(&function, &args)?;
-        Ok(Encoding {
-            invocation,
-            outputs: graph.outputs.iter().map(|spec| spec.name.to_string()).collect(),
-            rows: item.grid.feature_tokens as usize,
-        })
+        self.sessions.get(&key).context("invariant: the session was just made")
     }
 }
 

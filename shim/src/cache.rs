@@ -54,6 +54,9 @@ pub enum CacheOutcome {
 #[derive(Clone, Debug)]
 pub struct CompileCache {
     dir: PathBuf,
+    /// Never written: a miss is an error instead of a compile (a cache built ahead and mounted
+    /// read-only).
+    read_only: bool,
 }
 
 impl CompileCache {
@@ -66,7 +69,17 @@ impl CompileCache {
     }
 
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        CompileCache { dir: dir.into() }
+        CompileCache { dir: dir.into(), read_only: false }
+    }
+
+    /// A cache this process only reads: a request it holds no entry for is refused
+    /// ([`Error::ReadOnlyMiss`]), never compiled.
+    pub fn read_only(dir: impl Into<PathBuf>) -> Self {
+        CompileCache { dir: dir.into(), read_only: true }
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     pub fn dir(&self) -> &Path {
@@ -132,6 +145,9 @@ impl CompileCache {
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::Cache { path, reason: e.to_string() }),
+        }
+        if self.read_only {
+            return Err(Error::ReadOnlyMiss { dir: self.dir.clone(), name: request.name.to_owned() });
         }
         let vmfb = compiler.compile(request.name, request.mlir, request.target, request.flags)?;
         let mut artifact =

@@ -25,6 +25,11 @@ pub enum Error {
     #[error("compile cache at {path}: {reason}")]
     Cache { path: PathBuf, reason: String },
 
+    #[error(
+        "the compile cache at {dir} is read-only and holds no usable entry for {name}; build it ahead with `mlxcel-host compile` and the same model, shape and device flags"
+    )]
+    ReadOnlyMiss { dir: PathBuf, name: String },
+
     #[error("{path} was compiled by IREE {found}, this runtime is IREE {wanted}; delete it or recompile from the MLIR")]
     ArtifactVersion { path: PathBuf, found: String, wanted: String },
 

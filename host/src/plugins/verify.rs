@@ -33,7 +33,7 @@ use mlxcel_plugin_api::{
     ContractRequest, DType, ItemMeta, LayoutRequest, LoadedPlugin, Manifest, Modality, ModelConfig, PluginSet,
     Positions, PrefillProgram, Preprocessed, RVec, Tensor, load_plugin, scan,
 };
-use mlxcel_shim::{CacheOutcome, Checkpoint, CompileCache, Compiler, Device, Driver, Target};
+use mlxcel_shim::{CacheOutcome, Checkpoint, Compiler, Device, Driver, Target};
 
 use super::tokens::Pieces;
 use crate::exec::DeviceArgs;
@@ -768,7 +768,7 @@ fn load_decoder(
 ) -> Result<Decoder> {
     let started = std::time::Instant::now();
     let compiler = Compiler::locate()?;
-    let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
+    let cache = device_args.compile_cache();
     let driver: Driver = device_args.driver.parse()?;
     let device = Device::new(driver)?;
     let options = DecoderOptions {

@@ -19,7 +19,7 @@ use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions};
 use mlxcel_host::engine::SchedulerConfig;
 use mlxcel_host::text::{ChatTemplate, Tokenizer, stop_tokens};
 use mlxcel_plugin_api::QualificationPolicy;
-use mlxcel_shim::{CompileCache, Compiler, Device, Driver, Target};
+use mlxcel_shim::{Compiler, Device, Driver, Target};
 
 use crate::exec::{Compute, DeviceArgs};
 use crate::multimodal::{Encoders, MAX_INPUT_PIXELS, MediaModel};
@@ -106,6 +106,10 @@ pub(crate) struct ServeArgs {
     /// is visible to every user of the machine.
     #[arg(long, env = "MLXCEL_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Compile (or load from the compile cache) every encoder bucket before listening, so that
+    /// no image request waits for a compile and a read-only cache missing one fails at start.
+    #[arg(long)]
+    warm_encoders: bool,
     /// Serve /metrics without the API key (for a scraper on a trusted network).
     #[arg(long, requires = "api_key")]
     metrics_without_key: bool,
@@ -113,7 +117,18 @@ pub(crate) struct ServeArgs {
     device: DeviceArgs,
 }
 
+/// `mlxcel-host compile`: everything `serve` with the same flags compiles (the decoder bundle
+/// and every encoder bucket), built into the compile cache; then it exits. A cache built so can
+/// be mounted read-only (`--compile-cache-read-only`).
+pub(crate) fn compile(args: ServeArgs) -> Result<()> {
+    run(args, true)
+}
+
 pub(crate) fn serve(args: ServeArgs) -> Result<()> {
+    run(args, false)
+}
+
+fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
     let dir = args.model.clone();
     if !dir.is_dir() {
         bail!("the model directory {} does not exist", dir.display());
@@ -184,9 +199,10 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         .vocab;
     let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops, vocab });
     let contract = args.compute.contract(args.allow_unqualified, with_encoders)?;
+    let warm = args.warm_encoders || compile_only;
     let loader: engine::Loader = Box::new(move || {
         let compiler = Compiler::locate()?;
-        let cache = CompileCache::new(device_args.cache_dir.clone().unwrap_or_else(CompileCache::default_dir));
+        let cache = device_args.compile_cache();
         let device = Device::new(driver)?;
         let options = DecoderOptions {
             shape,
@@ -196,9 +212,27 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         };
         let decoder = Decoder::load(&load_dir, options, &device, &compiler, &cache)
             .with_context(|| format!("loading the decoder of {}", load_dir.display()))?;
-        let encoders = with_encoders.then(|| Encoders::new(&load_dir, device_args));
+        let mut encoders = with_encoders.then(|| Encoders::new(&load_dir, device_args));
+        if let (true, Some(media), Some(encoders)) = (warm, media, encoders.as_mut()) {
+            let buckets = media.warm(encoders).context("compiling the encoders")?;
+            eprintln!("encoders ready: {buckets} bucket(s)");
+        }
         Ok((decoder, encoders))
     });
+    if compile_only {
+        let started = Instant::now();
+        loader()?;
+        let cache = args.device.compile_cache();
+        eprintln!(
+            "compiled for {} ({} slots of {} tokens) in {:.1} s into {}",
+            dir.display(),
+            args.slots,
+            args.context,
+            started.elapsed().as_secs_f64(),
+            cache.dir().display()
+        );
+        return Ok(());
+    }
     let scheduler = SchedulerConfig {
         slots: args.slots,
         capacity: args.context,

@@ -405,3 +405,61 @@ fn the_gateway_gauges_follow_the_load_and_return_to_zero() {
         "{got}"
     );
 }
+
+/// A compile cache built ahead with `mlxcel-host compile` serves a server that only reads it
+/// (it warms every encoder bucket before listening and answers with the golden tokens) and is
+/// left as it was; a shape it was not built for fails at start, saying how to build it.
+#[test]
+fn a_compile_cache_built_ahead_serves_a_read_only_server() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let cache_dir = cache.path().to_str().expect("utf-8 path");
+    let chunk = crate::support::chunk_for(&fixture()).to_string();
+    let shape = ["--context", "256", "--chunk", chunk.as_str()];
+    let compiled = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
+        .args(["compile", "--model"])
+        .arg(fixture())
+        .arg("--plugins")
+        .arg(plugins())
+        .args(shape)
+        .args(["--cache-dir", cache_dir])
+        .env_remove("MLXCEL_CACHE_READ_ONLY")
+        .output()
+        .expect("run compile");
+    let stderr = String::from_utf8_lossy(&compiled.stderr);
+    assert!(compiled.status.success(), "{stderr}");
+    assert!(stderr.contains("encoders ready:"), "{stderr}");
+    let entries = || {
+        let mut names: Vec<String> = std::fs::read_dir(cache.path())
+            .expect("cache dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let built = entries();
+    assert!(built.len() >= 2, "the decoder bundle and the encoder buckets: {built:?}");
+
+    let read_only = ["--cache-dir", cache_dir, "--compile-cache-read-only", "--warm-encoders"];
+    let server = Server::start(&read_only);
+    let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
+    let got = server.scenario("golden");
+    assert_eq!(got["image"]["tokens"], golden_token_names(FIXTURE, "image", &tokenizer), "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(entries(), built, "a read-only cache is never written");
+
+    // Another context: the bundle was not built for it.
+    let refused = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
+        .args(["serve", "--model"])
+        .arg(fixture())
+        .arg("--plugins")
+        .arg(plugins())
+        .args(["--port", "0", "--context", "128", "--chunk", chunk.as_str()])
+        .args(read_only)
+        .output()
+        .expect("run serve");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("read-only") && stderr.contains("mlxcel-host compile"), "{stderr}");
+    assert_eq!(entries(), built);
+}

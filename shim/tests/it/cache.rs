@@ -113,3 +113,27 @@ fn an_entry_stating_another_numeric_contract_is_refused() {
     let err = cache.get_or_compile(compiler(), &ours).expect_err("refused");
     assert!(err.to_string().contains("states none"), "{err}");
 }
+
+#[test]
+fn a_read_only_cache_serves_its_entries_and_refuses_to_compile_or_repair() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Target::host_cpu();
+    let read_only = CompileCache::read_only(dir.path());
+    let err = read_only.get_or_compile(compiler(), &request(&host, &[])).unwrap_err();
+    assert!(matches!(err, Error::ReadOnlyMiss { ref name, .. } if name == "neg"), "{err}");
+    assert!(err.to_string().contains("mlxcel-host compile"), "says how to build it: {err}");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0, "nothing written");
+
+    // Built ahead by a writable cache on the same directory, then served as it is.
+    let (built, _) = CompileCache::new(dir.path()).get_or_compile(compiler(), &request(&host, &[])).expect("builds");
+    let (served, outcome) = read_only.get_or_compile(compiler(), &request(&host, &[])).expect("hits");
+    assert_eq!((outcome, served.vmfb), (CacheOutcome::Hit, built.vmfb));
+
+    // A damaged entry is refused, not rebuilt.
+    let path = read_only.entry_path(&built.meta.key);
+    let bytes = std::fs::read(&path).expect("entry");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("truncate");
+    let err = read_only.get_or_compile(compiler(), &request(&host, &[])).unwrap_err();
+    assert!(matches!(err, Error::ReadOnlyMiss { .. }), "{err}");
+    assert_eq!(std::fs::read(&path).expect("entry").len(), bytes.len() / 2, "left as it was");
+}
