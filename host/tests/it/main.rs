@@ -2,6 +2,7 @@
 
 mod conformance;
 mod decoder;
+mod deploy;
 mod generate;
 mod generate_image;
 mod merge;
