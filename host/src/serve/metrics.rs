@@ -6,7 +6,9 @@
 //! protocol) are `mlxcel_queue_depth` (its TotalQueuedRequests, vLLM's
 //! `num_requests_waiting`), `mlxcel_active_slots` (TotalRunningRequests, `num_requests_running`)
 //! and `mlxcel_kv_cache_usage` (KVCacheUtilization, `kv_cache_usage_perc`: a fraction from 0 to
-//! 1, as vLLM's is).
+//! 1, as vLLM's is). Its optional prefix-cache labels are `mlxcel_cache_config_info`'s
+//! `block_size` (1: the prefix cache keeps any number of rows, not blocks) and `num_gpu_blocks`
+//! (the rows of all slots).
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -149,6 +151,11 @@ impl Metrics {
         let usage = if self.kv_rows == 0 { 0.0 } else { engine.kv_rows_in_use as f64 / self.kv_rows as f64 };
         let _ = writeln!(
             out,
+            "# HELP mlxcel_cache_config_info The KV cache's layout for prefix-aware routing: rows kept at a time and rows in all.\n# TYPE mlxcel_cache_config_info gauge\nmlxcel_cache_config_info{{block_size=\"1\",num_gpu_blocks=\"{}\"}} 1",
+            self.kv_rows
+        );
+        let _ = writeln!(
+            out,
             "# HELP mlxcel_kv_cache_usage KV-cache rows held by running requests, as a fraction of all slots' rows.\n# TYPE mlxcel_kv_cache_usage gauge\nmlxcel_kv_cache_usage {usage}"
         );
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
@@ -236,5 +243,6 @@ mod tests {
         assert!(text.contains("mlxcel_requests_total{outcome=\"refused\"} 1\n"), "{text}");
         assert!(text.contains("# TYPE mlxcel_kv_cache_usage gauge\nmlxcel_kv_cache_usage 0.25\n"), "{text}");
         assert!(text.contains("mlxcel_queue_depth 3\n") && text.contains("mlxcel_active_slots 2\n"), "{text}");
+        assert!(text.contains("mlxcel_cache_config_info{block_size=\"1\",num_gpu_blocks=\"1024\"} 1\n"), "{text}");
     }
 }
