@@ -5,5 +5,6 @@
 
 pub mod decoder;
 pub mod engine;
+pub mod grammar;
 pub mod sampling;
 pub mod text;

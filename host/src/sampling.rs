@@ -5,6 +5,7 @@
 //! request's token history and an RNG, so the batch engine can sample each
 //! slot's row with that request's own `Sampler`.
 
+use crate::grammar::Constraint;
 use rand_chacha::{
     ChaCha8Rng,
     rand_core::{RngCore, SeedableRng},
@@ -73,6 +74,9 @@ pub enum SamplingError {
     NanLogit { index: usize },
     #[error("every logit is -inf: no token can be sampled")]
     NoCandidate,
+    /// The request's grammar (structured output) failed; the message says how.
+    #[error("{0}")]
+    Grammar(String),
 }
 
 impl SamplingParams {
@@ -152,9 +156,9 @@ pub struct Sampled {
 }
 
 /// One request's sampler: its parameters, its own RNG stream (so the same
-/// seed gives the same tokens whatever else runs in the batch) and whether it
-/// reports log-probabilities.
-#[derive(Clone, Debug)]
+/// seed gives the same tokens whatever else runs in the batch), whether it
+/// reports log-probabilities, and the grammar its tokens must follow, if any.
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     seed: u64,
@@ -162,6 +166,8 @@ pub struct Sampler {
     top_logprobs: Option<usize>,
     /// OpenAI's `logit_bias`: added to these tokens' logits before anything else.
     logit_bias: Vec<(u32, f32)>,
+    /// Structured output: only tokens this grammar allows next may be sampled.
+    constraint: Option<Box<Constraint>>,
 }
 
 impl Sampler {
@@ -171,7 +177,14 @@ impl Sampler {
     pub fn new(params: SamplingParams, seed: Option<u64>) -> Result<Self, SamplingError> {
         params.validate()?;
         let seed = seed.unwrap_or_else(fresh_seed);
-        Ok(Sampler { params, seed, rng: ChaCha8Rng::seed_from_u64(seed), top_logprobs: None, logit_bias: Vec::new() })
+        Ok(Sampler {
+            params,
+            seed,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            top_logprobs: None,
+            logit_bias: Vec::new(),
+            constraint: None,
+        })
     }
 
     /// The same sampler reporting log-probabilities: `None` none, `Some(n)`
@@ -197,6 +210,13 @@ impl Sampler {
         Ok(Sampler { logit_bias: bias, ..self })
     }
 
+    /// The same sampler choosing only among the tokens `constraint` allows next (after the
+    /// bias and the penalties, so a filter never brings back a token the grammar excludes),
+    /// and moving it past each token chosen.
+    pub fn with_constraint(self, constraint: Constraint) -> Self {
+        Sampler { constraint: Some(Box::new(constraint)), ..self }
+    }
+
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
@@ -214,7 +234,8 @@ impl Sampler {
     /// penalties from `history` (on a copy of the row; with neither the row is
     /// sampled as is), then [`sample`]; log-probabilities come from the raw row.
     pub fn sample(&mut self, logits: &[f32], history: History<'_>) -> Result<Sampled, SamplingError> {
-        let token = if self.params.has_penalties() || !self.logit_bias.is_empty() {
+        let adjust = self.params.has_penalties() || !self.logit_bias.is_empty() || self.constraint.is_some();
+        let token = if adjust {
             check_logits(logits)?;
             let mut adjusted = logits.to_vec();
             for &(token, bias) in &self.logit_bias {
@@ -223,10 +244,16 @@ impl Sampler {
                 *logit += bias;
             }
             apply_penalties(&mut adjusted, &self.params, history);
+            if let Some(constraint) = &mut self.constraint {
+                constraint.restrict(&mut adjusted).map_err(|e| SamplingError::Grammar(e.to_string()))?;
+            }
             sample(&adjusted, &self.params, &mut self.rng)?
         } else {
             sample(logits, &self.params, &mut self.rng)?
         };
+        if let Some(constraint) = &mut self.constraint {
+            constraint.accept(token).map_err(|e| SamplingError::Grammar(e.to_string()))?;
+        }
         let logprobs = self.top_logprobs.map(|top| token_logprobs(logits, token, top));
         Ok(Sampled { token, logprobs })
     }

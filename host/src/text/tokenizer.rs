@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::TextError;
 
 /// A checkpoint's tokenizer.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
@@ -45,6 +45,110 @@ impl Tokenizer {
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
+
+    /// The bytes each token id stands for in generated text, indexed by id (ids the
+    /// tokenizer lacks are empty): what a grammar-constrained sampler matches tokens by.
+    /// Special added tokens are marked with a leading 0xFF, a byte no UTF-8 text holds, so no
+    /// grammar over text ever matches one. Only the two decoders vision-language checkpoints
+    /// use are understood, byte-level BPE (GPT-2's byte-to-character table) and SentencePiece
+    /// with byte fallback (`<0xNN>` tokens, `▁` for a space); any other is refused, since a
+    /// guessed byte form would let the sampler accept text the tokens do not spell.
+    pub fn token_bytes(&self) -> Result<Vec<Vec<u8>>, TextError> {
+        let refuse = |what: String| TextError::Invalid { path: self.path.clone(), what };
+        let form = match self.inner.get_decoder() {
+            None => Err("the tokenizer has no decoder".to_owned()),
+            Some(d) => serde_json::to_value(d).map_err(|e| e.to_string()).and_then(|d| ByteForm::of(&d)),
+        }
+        .map_err(refuse)?;
+        let vocab = self.inner.get_vocab(true);
+        let size = vocab.values().max().map_or(0, |&m| m as usize + 1);
+        let mut bytes = vec![Vec::new(); size];
+        let added = self.inner.get_added_tokens_decoder();
+        for (text, &id) in &vocab {
+            bytes[id as usize] = match added.get(&id) {
+                Some(token) if token.special => [&[SPECIAL_MARKER][..], token.content.as_bytes()].concat(),
+                // An added token that is not special is written as its text.
+                Some(token) => token.content.as_bytes().to_vec(),
+                None => form.bytes(text).ok_or_else(|| refuse(format!("token {id} ({text:?}) has no byte form")))?,
+            };
+        }
+        Ok(bytes)
+    }
+}
+
+/// The byte no UTF-8 text holds, which marks a special token's bytes (llguidance's convention).
+const SPECIAL_MARKER: u8 = 0xFF;
+
+/// How a vocabulary entry spells bytes.
+enum ByteForm {
+    /// GPT-2's table: each byte is one character (printable bytes themselves, the rest shifted
+    /// past U+0100 in order).
+    ByteLevel(Box<[Option<u8>; 512]>),
+    /// SentencePiece: `<0xNN>` is the byte NN, other entries are UTF-8 with `space` for ' '.
+    ByteFallback { space: char },
+}
+
+impl ByteForm {
+    /// The form a serialized `tokenizers` decoder implies.
+    fn of(decoder: &serde_json::Value) -> Result<Self, String> {
+        let kind = |d: &serde_json::Value| d.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_owned();
+        if kind(decoder) == "ByteLevel" {
+            return Ok(ByteForm::ByteLevel(byte_level_table()));
+        }
+        let parts = match decoder.get("decoders").and_then(|d| d.as_array()) {
+            Some(parts) if kind(decoder) == "Sequence" => parts,
+            _ => {
+                return Err(format!(
+                    "the tokenizer's decoder {} is neither byte-level nor byte-fallback",
+                    kind(decoder)
+                ));
+            }
+        };
+        if parts.iter().any(|d| kind(d) == "ByteLevel") {
+            return Ok(ByteForm::ByteLevel(byte_level_table()));
+        }
+        if !parts.iter().any(|d| kind(d) == "ByteFallback") {
+            return Err("the tokenizer's decoder has no ByteLevel or ByteFallback step".to_owned());
+        }
+        let mut space = ' ';
+        for d in parts.iter().filter(|d| kind(d) == "Replace" && d["content"] == " ") {
+            let mut chars = d["pattern"]["String"].as_str().unwrap_or_default().chars();
+            if let (Some(c), None) = (chars.next(), chars.next()) {
+                space = c;
+            }
+        }
+        Ok(ByteForm::ByteFallback { space })
+    }
+
+    fn bytes(&self, entry: &str) -> Option<Vec<u8>> {
+        match self {
+            ByteForm::ByteLevel(table) => entry.chars().map(|c| table.get(c as usize).copied().flatten()).collect(),
+            ByteForm::ByteFallback { space } => {
+                if let Some(hex) = entry.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'))
+                    && hex.len() == 2
+                {
+                    return u8::from_str_radix(hex, 16).ok().map(|b| vec![b]);
+                }
+                Some(entry.replace(*space, " ").into_bytes())
+            }
+        }
+    }
+}
+
+/// GPT-2's byte-level table inverted: character (below U+0200) to byte.
+fn byte_level_table() -> Box<[Option<u8>; 512]> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut table = Box::new([None; 512]);
+    let mut shifted = 0x100;
+    for b in 0..=255u8 {
+        if printable(b) {
+            table[b as usize] = Some(b);
+        } else {
+            table[shifted] = Some(b);
+            shifted += 1;
+        }
+    }
+    table
 }
 
 /// Turns a stream of token ids into text increments. Decoding one token at a
