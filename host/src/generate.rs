@@ -211,7 +211,12 @@ fn run(args: &GenerateArgs) -> Result<()> {
             let mut parts: Vec<Part> =
                 args.images.iter().map(|_| Part { kind: "image".to_owned(), text: None }).collect();
             parts.push(Part { kind: "text".to_owned(), text: Some(args.prompt.clone()) });
-            messages.push(Message { role: "user".to_owned(), content: Content::Parts(parts) });
+            messages.push(Message {
+                role: "user".to_owned(),
+                content: Content::Parts(parts),
+                tool_calls: None,
+                tool_call_id: None,
+            });
         }
         template.render(&messages, true)?
     };

@@ -60,6 +60,12 @@ impl Grammar {
         schema
     }
 
+    /// A schema's JSON text with the server's layout, for embedding in a Lark grammar
+    /// (`%json {...}`).
+    pub fn laid_out(schema: &serde_json::Value) -> String {
+        Self::with_layout(schema).to_string()
+    }
+
     fn top_level(&self) -> TopLevelGrammar {
         match self {
             Grammar::JsonSchema(schema) => TopLevelGrammar::from_json_schema(Self::with_layout(schema)),

@@ -14,6 +14,7 @@ use mlxcel_decoder::prefill::{Injection, Mode, Placement as ProgramPlacement, Pr
 use mlxcel_decoder::{DecoderSpec, resolve_names};
 use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
 use mlxcel_host::engine::RowContent;
+use mlxcel_plugin_api::manifest::Limits;
 use mlxcel_plugin_api::{
     Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError,
     ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaGrid, MediaItem, Modality, ModelConfig, PlaceMode,
@@ -50,10 +51,13 @@ pub(crate) struct MediaModel<'a> {
     form: Option<&'static str>,
     /// The token every prompt starts with, when the family's processor starts them so.
     prompt_start: Option<u32>,
-    /// sha256 over what an item's features depend on besides its bytes: the plugin library,
-    /// the parsed configuration (processor settings included), the preprocessing options and
-    /// the checkpoint's weights.
-    identity: [u8; 32],
+    /// The preprocessing options and encoder identity of each [`Detail`]: sha256 over what an
+    /// item's features depend on besides its bytes (the plugin library, the parsed
+    /// configuration with its processor settings, the preprocessing options and the
+    /// checkpoint's weights), so a `low` item's digest is another than the same bytes' at the
+    /// family's own resolution, unless the family serves both alike.
+    full: Profile,
+    low: Profile,
     /// Encoded items by digest (the server's; `generate` keeps none).
     cache: Option<EncoderCache>,
 }
@@ -61,6 +65,26 @@ pub(crate) struct MediaModel<'a> {
 /// A media item's content digest (128 bits of sha256 over the encoder identity and the item's
 /// bytes): the encoder cache's key and the prefix cache's name for the item's rows.
 pub(crate) type Digest = [u8; 16];
+
+/// How finely an image is seen: OpenAI's `image_url.detail`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Detail {
+    /// `auto`, `high` or none: the family's own resolution, bounded by the manifest's
+    /// `limits.max_pixels_per_image`.
+    #[default]
+    Full,
+    /// `low`: at most the manifest's `limits.low_detail_max_pixels`, through the family's own
+    /// resize rule; where the manifest declares no such budget (a family of one input size),
+    /// the family's only resolution.
+    Low,
+}
+
+/// The options items of one [`Detail`] are preprocessed with, and the encoder identity they
+/// give.
+struct Profile {
+    options: PreprocessOptions,
+    identity: [u8; 32],
+}
 
 impl<'a> MediaModel<'a> {
     /// Chooses the plugin that accepts the checkpoint in `model` and has it parse the
@@ -84,8 +108,13 @@ impl<'a> MediaModel<'a> {
             .is_some();
         let prompt_start = resolve_prompt_start(&config, model)?;
         let weights = mlxcel_host::decoder::weights_identity(&Checkpoint::open(model)?);
-        let identity = encoder_identity(plugin, &config, &preprocess_options(plugin), &weights);
-        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine"), prompt_start, identity, cache: None })
+        let profile = |detail| {
+            let options = preprocess_options(&plugin.manifest().limits, detail);
+            let identity = encoder_identity(plugin, &config, &options, &weights);
+            Profile { options, identity }
+        };
+        let (full, low) = (profile(Detail::Full), profile(Detail::Low));
+        Ok(Self { plugin, config, form: quantized.then_some("mlx_affine"), prompt_start, full, low, cache: None })
     }
 
     /// Keeps encoded items in an encoder cache of `budget` bytes.
@@ -97,9 +126,16 @@ impl<'a> MediaModel<'a> {
         self.cache.as_ref()
     }
 
-    /// The digest of one item's bytes under this model's encoder identity.
-    pub(crate) fn digest(&self, bytes: &[u8]) -> Digest {
-        media_digest(&self.identity, bytes)
+    /// The digest of one item's bytes seen at `detail`, under this model's encoder identity.
+    pub(crate) fn digest(&self, bytes: &[u8], detail: Detail) -> Digest {
+        media_digest(&self.profile(detail).identity, bytes)
+    }
+
+    fn profile(&self, detail: Detail) -> &Profile {
+        match detail {
+            Detail::Full => &self.full,
+            Detail::Low => &self.low,
+        }
     }
 
     /// Every problem the plugin finds with the checkpoint's tensors (a module not found, a
@@ -171,26 +207,31 @@ impl<'a> MediaModel<'a> {
         Ok(())
     }
 
-    /// Preprocesses every image (encoded bytes, in prompt order), refusing any whose declared
-    /// size exceeds `max_input_pixels` before decoding it; an image the encoder cache holds is
-    /// taken from it instead. A failure is the input's unless the plugin reports a fault of its
-    /// own.
-    pub(crate) fn request(&'a self, images: &[Vec<u8>], max_input_pixels: u64) -> Result<MediaRequest<'a>, MediaError> {
+    /// Preprocesses every image (encoded bytes and the detail it is seen at, in prompt order),
+    /// refusing any whose declared size exceeds `max_input_pixels` before decoding it; an image
+    /// the encoder cache holds at that detail is taken from it instead. A failure is the
+    /// input's unless the plugin reports a fault of its own.
+    pub(crate) fn request(
+        &'a self,
+        images: &[(Vec<u8>, Detail)],
+        max_input_pixels: u64,
+    ) -> Result<MediaRequest<'a>, MediaError> {
         let mut items = Vec::new();
-        for (index, bytes) in images.iter().enumerate() {
-            let digest = self.digest(bytes);
+        for (index, (bytes, detail)) in images.iter().enumerate() {
+            let digest = self.digest(bytes, *detail);
             if let Some(encoded) = self.cache.as_ref().and_then(|c| c.get(&digest)) {
                 items.push((Item::Encoded(encoded), digest));
                 continue;
             }
-            let item = self.item(bytes, max_input_pixels).with_context(|| format!("image {}", index + 1));
+            let item = self.item(bytes, *detail, max_input_pixels).with_context(|| format!("image {}", index + 1));
             items.push((Item::Preprocessed(item.map_err(|e| MediaError::classify(e, Fault::Input))?), digest));
         }
         Ok(self.assemble(items, self.cache.as_ref()))
     }
 
-    fn item(&self, bytes: &[u8], max_input_pixels: u64) -> Result<Preprocessed> {
-        preprocess_limited(self.plugin, &self.config, Modality::Image, bytes, max_input_pixels)
+    fn item(&self, bytes: &[u8], detail: Detail, max_input_pixels: u64) -> Result<Preprocessed> {
+        let options = &self.profile(detail).options;
+        preprocess_with(self.plugin, &self.config, Modality::Image, bytes, options, max_input_pixels)
     }
 
     fn assemble(&self, items: Vec<(Item, Digest)>, cache: Option<&'a EncoderCache>) -> MediaRequest<'a> {
@@ -359,9 +400,9 @@ impl<'a> MediaRequest<'a> {
         for path in images {
             let bytes = std::fs::read(path).with_context(|| format!("cannot read the image {}", path.display()))?;
             let item = media
-                .item(&bytes, MAX_INPUT_PIXELS)
+                .item(&bytes, Detail::Full, MAX_INPUT_PIXELS)
                 .with_context(|| format!("cannot use {} as an image", path.display()))?;
-            items.push((Item::Preprocessed(item), media.digest(&bytes)));
+            items.push((Item::Preprocessed(item), media.digest(&bytes, Detail::Full)));
         }
         Ok(media.assemble(items, None))
     }
@@ -500,9 +541,16 @@ fn row_contents(ids: &[u32], contract: &PrefillProgram, digests: &[Digest]) -> R
     Ok(contents)
 }
 
-/// The options every item of a plugin is preprocessed with.
-fn preprocess_options(plugin: &LoadedPlugin) -> PreprocessOptions {
-    PreprocessOptions { max_pixels: plugin.manifest().limits.max_pixels_per_image.into(), ..Default::default() }
+/// The options an item seen at `detail` is preprocessed with, from its plugin's manifest
+/// limits: the per-image pixel limit, or for `low` the family's declared low-detail budget
+/// within it. A family that declares none has one resolution, so `low` is preprocessed (and
+/// cached) exactly as `high`.
+fn preprocess_options(limits: &Limits, detail: Detail) -> PreprocessOptions {
+    let max_pixels = match (detail, limits.low_detail_max_pixels) {
+        (Detail::Low, Some(low)) => Some(limits.max_pixels_per_image.map_or(low, |max| max.min(low))),
+        _ => limits.max_pixels_per_image,
+    };
+    PreprocessOptions { max_pixels: max_pixels.into(), ..Default::default() }
 }
 
 /// See [`MediaModel`]'s `identity`.
@@ -690,23 +738,24 @@ pub(crate) fn preprocess(
     modality: Modality,
     bytes: &[u8],
 ) -> Result<Preprocessed> {
-    preprocess_limited(plugin, config, modality, bytes, MAX_INPUT_PIXELS)
+    let options = preprocess_options(&plugin.manifest().limits, Detail::Full);
+    preprocess_with(plugin, config, modality, bytes, &options, MAX_INPUT_PIXELS)
 }
 
-/// [`preprocess`] refusing an image whose header declares more than `max_input_pixels`
-/// before any pixel buffer exists.
-pub(crate) fn preprocess_limited(
+/// [`preprocess`] with `options`, refusing an image whose header declares more than
+/// `max_input_pixels` before any pixel buffer exists.
+fn preprocess_with(
     plugin: &LoadedPlugin,
     config: &ModelConfig,
     modality: Modality,
     bytes: &[u8],
+    options: &PreprocessOptions,
     max_input_pixels: u64,
 ) -> Result<Preprocessed> {
-    let options = preprocess_options(plugin);
     let encoded = match modality {
         Modality::Image => {
             match decode_image(bytes, max_input_pixels) {
-                Ok(rgb) => match plugin.preprocess(config, &rgb, &options) {
+                Ok(rgb) => match plugin.preprocess(config, &rgb, options) {
                     Err(PluginApiError::Plugin { error, .. }) if error.code == ErrorCode::Unsupported => {}
                     other => return Ok(other?),
                 },
@@ -717,7 +766,7 @@ pub(crate) fn preprocess_limited(
         }
         Modality::Audio | Modality::Video => MediaItem::EncodedAudio(bytes.to_vec().into()),
     };
-    let preprocessed = plugin.preprocess(config, &encoded, &options);
+    let preprocessed = plugin.preprocess(config, &encoded, options);
     if modality == Modality::Image && mlxcel_media::Format::sniff(bytes).is_none() {
         return preprocessed.context(
             "not an image in a format the host decodes (png, jpeg, webp, gif), and the plugin did not take the bytes",
@@ -1219,6 +1268,37 @@ mod tests {
         }
         // Parts are length-prefixed: moving a boundary changes the identity.
         assert_ne!(identity_of(&["ab", "c"]), identity_of(&["a", "bc"]));
+    }
+
+    /// Issue 29: `detail: "low"` is preprocessed within the manifest's low-detail budget where the
+    /// family declares one, so its digest (the encoder cache's key, the prefix cache's row name)
+    /// is another than the same bytes' at full detail; without one, `low` is `high`.
+    #[test]
+    fn low_detail_is_its_own_budget_and_identity_only_where_the_manifest_declares_one() {
+        let options_digest = |limits: &Limits, detail| {
+            let options = preprocess_options(limits, detail);
+            let identity = identity_of(&["qwen2_vl", "summary", &format!("{options:?}")]);
+            (options.max_pixels.into_option(), media_digest(&identity, b"an image"))
+        };
+        let declared = Limits {
+            max_pixels_per_image: Some(1_003_520),
+            low_detail_max_pixels: Some(262_144),
+            ..Default::default()
+        };
+        let (full, full_digest) = options_digest(&declared, Detail::Full);
+        let (low, low_digest) = options_digest(&declared, Detail::Low);
+        assert_eq!((full, low), (Some(1_003_520), Some(262_144)));
+        assert_ne!(full_digest, low_digest, "a low item never reuses a high item's features or rows");
+
+        let fixed = Limits { max_pixels_per_image: Some(802_816), ..Default::default() };
+        assert_eq!(options_digest(&fixed, Detail::Low), options_digest(&fixed, Detail::Full), "one resolution");
+
+        // A budget alone bounds `low`; one over the limit (which validation refuses) never loosens it.
+        let budget_only = Limits { low_detail_max_pixels: Some(262_144), ..Default::default() };
+        assert_eq!(options_digest(&budget_only, Detail::Low).0, Some(262_144));
+        assert_eq!(options_digest(&budget_only, Detail::Full).0, None);
+        let over = Limits { max_pixels_per_image: Some(1000), low_detail_max_pixels: Some(2000), ..Default::default() };
+        assert_eq!(options_digest(&over, Detail::Low).0, Some(1000));
     }
 
     #[test]

@@ -55,7 +55,30 @@ pub struct Manifest {
     /// with the opt-in flag.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub forms: BTreeMap<String, FormEntry>,
+    /// How the family's models write what the chat API returns in its own fields.
+    #[serde(default, skip_serializing_if = "Chat::is_empty")]
+    pub chat: Chat,
 }
+
+/// `[chat]`: the family's conventions in generated text.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chat {
+    /// The syntax its models call tools in, one of [`TOOL_CALL_FORMATS`]; absent, requests
+    /// with `tools` are refused (the host never guesses a syntax).
+    pub tool_call_format: Option<String>,
+}
+
+impl Chat {
+    fn is_empty(&self) -> bool {
+        self.tool_call_format.is_none()
+    }
+}
+
+/// The tool-call syntaxes the host parses: `hermes`, each call a JSON object
+/// `{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>` lines (Qwen2.5,
+/// Qwen3 and their vision-language models, as their chat templates render past calls).
+pub const TOOL_CALL_FORMATS: [&str; 1] = ["hermes"];
 
 /// The checkpoint forms a manifest may qualify: `mlx_affine`, the MLX community's
 /// affine-quantized checkpoints (`quantization` in `config.json`, packed `uint32` weights with
@@ -116,6 +139,13 @@ pub struct Accepts {
 pub struct Limits {
     /// Most pixels in one image after decoding.
     pub max_pixels_per_image: Option<u64>,
+    /// The pixel budget of OpenAI's `image_url.detail: "low"`, for a family whose processor
+    /// shrinks an image to fit `PreprocessOptions::max_pixels` through its own resize rule
+    /// (Qwen-VL's `smart_resize`): the host preprocesses a `low` image with this bound instead
+    /// of `max_pixels_per_image`. The in-tree families that resize so declare 262144 (512x512,
+    /// the size OpenAI serves `low` at). Absent for a family that refuses an image over the
+    /// bound or sees every image at one size: `low` is then served at its one resolution.
+    pub low_detail_max_pixels: Option<u64>,
     /// Most images in one request.
     pub max_images_per_request: Option<u32>,
     /// Most seconds of audio in one request.
@@ -262,13 +292,31 @@ impl Manifest {
             }
         }
         let limits = &self.limits;
-        if limits.max_pixels_per_image == Some(0) || limits.max_images_per_request == Some(0) {
+        if limits.max_pixels_per_image == Some(0)
+            || limits.max_images_per_request == Some(0)
+            || limits.low_detail_max_pixels == Some(0)
+        {
             return Err("limits must be positive when given".to_owned());
+        }
+        if let (Some(low), Some(max)) = (limits.low_detail_max_pixels, limits.max_pixels_per_image)
+            && low > max
+        {
+            return Err(format!(
+                "limits.low_detail_max_pixels {low} exceeds limits.max_pixels_per_image {max} (a low-detail budget only tightens the limit)"
+            ));
+        }
+        if limits.low_detail_max_pixels.is_some() && !self.modalities.iter().any(|m| m == Modality::Image.as_str()) {
+            return Err("limits.low_detail_max_pixels needs modality `image`".to_owned());
         }
         if let Some(seconds) = limits.max_audio_seconds_per_request
             && !(seconds.is_finite() && seconds > 0.0)
         {
             return Err("limits.max_audio_seconds_per_request must be positive".to_owned());
+        }
+        if let Some(format) = &self.chat.tool_call_format
+            && !TOOL_CALL_FORMATS.contains(&format.as_str())
+        {
+            return Err(format!("chat.tool_call_format `{format}` is not one the host parses (known: hermes)"));
         }
         if self.capabilities.is_empty() {
             return Err("capabilities must declare at least one capability".to_owned());

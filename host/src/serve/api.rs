@@ -43,15 +43,50 @@ pub(crate) struct ChatRequest {
     /// Accepted for compatibility; identifies the caller only.
     #[allow(dead_code)]
     pub(crate) user: Option<String>,
+    /// Structured output: the answer is JSON (any object, or a document of a schema),
+    /// enforced token by token.
+    pub(crate) response_format: Option<ResponseFormat>,
+    /// Functions the model may call, each `{"type": "function", "function": {...}}`, kept as
+    /// sent (the template renders them in the client's key order; `serve::tools` checks them).
+    pub(crate) tools: Option<Vec<serde_json::Value>>,
+    /// `none`, `auto`, `required`, or `{"type": "function", "function": {"name": ...}}`.
+    pub(crate) tool_choice: Option<serde_json::Value>,
     /// Fields that change nothing about the output, accepted and logged (README: "What a
     /// request may say"): whether OpenAI stores the completion (nothing is stored here), its
-    /// tags, the processing tier, and tool-call parallelism (tools themselves are refused).
+    /// tags and the processing tier. `parallel_tool_calls: false` allows one call per answer.
     pub(crate) store: Option<bool>,
     #[allow(dead_code)]
     pub(crate) metadata: Option<std::collections::BTreeMap<String, String>>,
     pub(crate) service_tier: Option<String>,
-    #[allow(dead_code)]
     pub(crate) parallel_tool_calls: Option<bool>,
+}
+
+/// OpenAI's `response_format`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum ResponseFormat {
+    /// Free text, as without the field.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON document of the given schema.
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JsonSchemaFormat {
+    /// The schema's name: it names the schema in errors; the output does not depend on it.
+    pub(crate) name: String,
+    #[allow(dead_code)]
+    pub(crate) description: Option<String>,
+    /// Absent: any JSON value, as OpenAI reads a schema-less format.
+    pub(crate) schema: Option<serde_json::Value>,
+    /// OpenAI's strict mode. The schema is enforced either way (a grammar cannot follow a
+    /// schema loosely), so `false` is served as `true`.
+    #[allow(dead_code)]
+    pub(crate) strict: Option<bool>,
 }
 
 /// `POST /v1/completions` (OpenAI's legacy text completions, which inference gateways route):
@@ -125,6 +160,9 @@ impl CompletionRequest {
             n: self.n,
             logit_bias: self.logit_bias,
             user: self.user,
+            response_format: None,
+            tools: None,
+            tool_choice: None,
             store: None,
             metadata: None,
             service_tier: None,
@@ -217,6 +255,10 @@ impl StopField {
 pub(crate) struct ChatMessage {
     pub(crate) role: String,
     pub(crate) content: Option<MessageContent>,
+    /// An assistant turn's calls, as the API returned them.
+    pub(crate) tool_calls: Option<Vec<ToolCallBody>>,
+    /// A `tool` turn: the call it answers.
+    pub(crate) tool_call_id: Option<String>,
     /// Accepted for compatibility (a participant's name); templates do not use it.
     #[allow(dead_code)]
     pub(crate) name: Option<String>,
@@ -241,8 +283,8 @@ pub(crate) enum ContentPart {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ImageUrl {
     pub(crate) url: String,
-    /// OpenAI's resolution hint; `auto` and `high` (the family's own resolution) are served,
-    /// `low` is refused.
+    /// OpenAI's resolution hint: `auto` and `high` are the family's own resolution, `low` its
+    /// low-detail pixel budget (`multimodal::Detail`); any other value is refused.
     pub(crate) detail: Option<String>,
 }
 
@@ -275,7 +317,47 @@ pub(crate) struct Choice {
 #[derive(Debug, Serialize)]
 pub(crate) struct AssistantMessage {
     pub(crate) role: &'static str,
-    pub(crate) content: String,
+    /// `null` when the answer is only tool calls.
+    pub(crate) content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) tool_calls: Vec<ToolCallBody>,
+}
+
+/// One tool call, in an answer or in a later request's assistant turn.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolCallBody {
+    pub(crate) id: String,
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) function: FunctionCall,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FunctionCall {
+    pub(crate) name: String,
+    /// The arguments as a JSON text (OpenAI's wire form).
+    pub(crate) arguments: String,
+}
+
+/// A streamed tool call: the first delta of a call names it (`id`, `type`, `function.name`),
+/// the next carry its arguments' text.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ToolCallDelta {
+    pub(crate) index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<&'static str>,
+    pub(crate) function: FunctionDelta,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) name: Option<String>,
+    pub(crate) arguments: String,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -349,6 +431,8 @@ pub(crate) struct Delta {
     pub(crate) role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) tool_calls: Vec<ToolCallDelta>,
 }
 
 /// An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}` with its status.

@@ -10,8 +10,8 @@
 //! back on a channel whose receiver the request owns. Dropping that receiver (client gone, stop
 //! string matched) cancels the request in the engine.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -25,6 +25,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use mlxcel_host::engine::{FinishReason, SubmitError};
+use mlxcel_host::grammar::{Constraint, Grammar, Vocabulary};
 use mlxcel_host::sampling::{Sampler, SamplingParams, TokenLogprobs};
 use mlxcel_host::text::{ChatTemplate, Content, Detokenizer, Message, Part, StopStrings, Tokenizer};
 use mlxcel_plugin_api::{Capability, Error as PluginApiError, QualificationPolicy, Status};
@@ -34,13 +35,15 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::api::{
     ApiError, AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Choice, ChunkChoice, Completion,
-    CompletionChoice, CompletionLogprobs, CompletionRequest, ContentPart, Delta, LogprobsBody, MessageContent,
-    PromptField, TokenLogprobBody, TopLogprobBody, UsageBody,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, ContentPart, Delta, FunctionDelta, LogprobsBody,
+    MessageContent, PromptField, ResponseFormat, TokenLogprobBody, ToolCallBody, ToolCallDelta, TopLogprobBody,
+    UsageBody,
 };
 use super::engine::{EngineHandle, Event, Job, Refusal};
 use super::fetch::RemoteImages;
 use super::metrics::Metrics;
-use crate::multimodal::{Fault, MediaError, MediaModel, MediaRefusal, MediaRequest};
+use super::tools::{CallScanner, ToolChoice, Tools};
+use crate::multimodal::{Detail, Fault, MediaError, MediaModel, MediaRefusal, MediaRequest};
 
 /// Stop strings a request may give.
 const MAX_STOP_STRINGS: usize = 16;
@@ -56,6 +59,26 @@ pub(crate) struct TextSide {
     pub(crate) stop_tokens: Vec<u32>,
     /// The decoder's logits per row: every token id below it can be biased.
     pub(crate) vocab: usize,
+    /// The vocabulary as grammars see it, built by the first constrained request.
+    pub(crate) grammar: OnceLock<Result<Vocabulary, String>>,
+}
+
+impl TextSide {
+    /// A constraint following `grammar` that ends at `ends` (blocking: compiling a schema
+    /// takes milliseconds, the first one builds the vocabulary's trie).
+    fn constrain(&self, grammar: &Grammar, ends: Vec<u32>, param: &'static str) -> Result<Constraint, ApiError> {
+        let vocabulary = self.grammar.get_or_init(|| {
+            let end = self.stop_tokens.first().copied().ok_or("the checkpoint names no end-of-sequence token")?;
+            Vocabulary::new(&self.tokenizer, end).map_err(|e| e.to_string())
+        });
+        let vocabulary = vocabulary.as_ref().map_err(|e| {
+            ApiError::invalid("unsupported_value", format!("constrained output is not served for this checkpoint: {e}"))
+                .param(param)
+        })?;
+        vocabulary
+            .constrain(grammar, ends)
+            .map_err(|e| ApiError::invalid("invalid_value", format!("{param}: {e}")).param(param))
+    }
 }
 
 /// What every route shares.
@@ -237,6 +260,8 @@ struct Accepted {
     logprobs: bool,
     stops: Vec<String>,
     events: mpsc::UnboundedReceiver<Event>,
+    /// Reads tool calls out of the answer, when the model may call tools.
+    calls: Option<CallScanner>,
 }
 
 /// The request body, unless the server drains or the body is refused (too large, unreadable).
@@ -275,11 +300,32 @@ async fn start_chat(
     let request: ChatRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid("invalid_json", format!("the request body is not a valid chat request: {e}")))?;
     check_model(state, &request.model)?;
-    let options = Options::from_request(&request, &state.text)?;
+    let mut options = Options::from_request(&request, &state.text)?;
+    // The family declares how its models write calls; without a plugin there is no declaration.
+    let format = state.media.and_then(|m| m.plugin().manifest().chat.tool_call_format.clone());
+    let tools = Tools::from_request(
+        request.tools.as_deref(),
+        request.tool_choice.as_ref(),
+        request.parallel_tool_calls,
+        format.as_deref(),
+        state.text.template.renders_tools(),
+    )?;
+    if let Some(tools) = &tools {
+        if options.grammar.is_some() && tools.choice != ToolChoice::None {
+            return Err(ApiError::invalid(
+                "unsupported_value",
+                "response_format with tools the model may call: an answer cannot be both JSON and a call (send tool_choice: none)",
+            )
+            .param("response_format"));
+        }
+        options.grammar = tools.grammar().map(|g| (g, "tools"));
+        options.calls = tools.scanner();
+    }
+    let definitions = tools.map(|t| t.definitions);
     let (messages, sources) = messages(request.messages, state)?;
     let mut images = Vec::with_capacity(sources.len());
-    for source in sources {
-        images.push(match source {
+    for ImagePart { source, detail } in sources {
+        let bytes = match source {
             ImageSource::Inline(bytes) => bytes,
             ImageSource::Remote(url) => {
                 let remote = state.remote.as_ref().ok_or_else(|| ApiError::internal("remote images are off"))?;
@@ -288,19 +334,28 @@ async fn start_chat(
                     .await
                     .map_err(|e| ApiError::invalid("image_fetch_failed", e.to_string()).param("messages"))?
             }
-        });
+        };
+        images.push((bytes, detail));
     }
 
     // Template, tokens and media preprocessing on the blocking pool.
     let permit = state.preparing.clone().acquire_owned().await.map_err(|_| draining())?;
     let prep_state = Arc::clone(state);
+    let grammar = options.grammar.take();
+    let ends = options.stop_tokens.clone();
     let prepared = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        prepare(&prep_state, &messages, &images)
+        // The grammar first: a schema it cannot follow is refused before any media work.
+        let constraint = grammar.map(|(g, param)| prep_state.text.constrain(&g, ends, param)).transpose()?;
+        prepare(&prep_state, &messages, definitions.as_deref(), &images)
+            .map(|(prompt, media)| (prompt, media, constraint))
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
-    let (prompt, media) = prepared;
+    let (prompt, media, constraint) = prepared;
+    if let Some(constraint) = constraint {
+        options.sampler = options.sampler.with_constraint(constraint);
+    }
     run(state, Api::Chat, options, prompt, media, arrived).await
 }
 
@@ -411,6 +466,7 @@ async fn run(
         logprobs: options.logprobs,
         stops: options.stop_strings,
         events,
+        calls: options.calls,
     };
     let output = Output::new(&state.text, &accepted.prompt, &accepted.stops, accepted.logprobs)?;
     if accepted.stream {
@@ -480,6 +536,10 @@ struct Options {
     logprobs: bool,
     stop_strings: Vec<String>,
     stop_tokens: Vec<u32>,
+    /// What the answer's text must be, if the request constrains it, and the field that asked.
+    grammar: Option<(Grammar, &'static str)>,
+    /// Reads the model's tool calls out of its text, when it may call tools.
+    calls: Option<CallScanner>,
 }
 
 impl Options {
@@ -560,6 +620,14 @@ impl Options {
         }
         let mut stop_tokens = if r.ignore_eos { Vec::new() } else { text.stop_tokens.clone() };
         stop_tokens.extend(&r.stop_token_ids);
+        let grammar = response_grammar(r)?.map(|g| (g, "response_format"));
+        if grammar.is_some() && r.ignore_eos {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                "ignore_eos with a JSON response_format: the answer ends where the JSON ends",
+            )
+            .param("ignore_eos"));
+        }
         Ok(Options {
             stream: r.stream,
             include_usage: r.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -568,8 +636,29 @@ impl Options {
             logprobs: r.logprobs,
             stop_strings,
             stop_tokens,
+            grammar,
+            calls: None,
         })
     }
+}
+
+/// The grammar `response_format` asks for: none for text, a JSON object for `json_object`,
+/// the schema's documents for `json_schema` (any JSON value when it gives no schema).
+fn response_grammar(r: &ChatRequest) -> Result<Option<Grammar>, ApiError> {
+    Ok(match &r.response_format {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(Grammar::JsonSchema(serde_json::json!({"type": "object"}))),
+        Some(ResponseFormat::JsonSchema { json_schema }) => {
+            if json_schema.name.is_empty() || json_schema.name.len() > 64 {
+                return Err(ApiError::invalid(
+                    "invalid_value",
+                    "response_format.json_schema.name must be 1 to 64 characters",
+                )
+                .param("response_format"));
+            }
+            Some(Grammar::JsonSchema(json_schema.schema.clone().unwrap_or_else(|| serde_json::json!({}))))
+        }
+    })
 }
 
 /// The request's `logit_bias` as `(token, bias)`: each key a token id of the model's logits
@@ -600,11 +689,14 @@ enum ImageSource {
     Remote(String),
 }
 
+/// An image of a chat request: where its bytes come from and the detail it is seen at.
+struct ImagePart {
+    source: ImageSource,
+    detail: Detail,
+}
+
 /// The chat turns for the template and the images in prompt order, from the wire format.
-fn messages(
-    wire: Vec<super::api::ChatMessage>,
-    state: &AppState,
-) -> Result<(Vec<Message>, Vec<ImageSource>), ApiError> {
+fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec<Message>, Vec<ImagePart>), ApiError> {
     let mut messages = Vec::new();
     let mut images = Vec::new();
     if wire.is_empty() {
@@ -612,18 +704,25 @@ fn messages(
     }
     for m in wire {
         let role = match m.role.as_str() {
-            "system" | "user" | "assistant" => m.role,
+            "system" | "user" | "assistant" | "tool" => m.role,
             // OpenAI's newer name for the system turn.
             "developer" => "system".to_owned(),
             other => {
                 return Err(ApiError::invalid(
                     "unsupported_value",
-                    format!("role `{other}` is not served (system, developer, user and assistant are)"),
+                    format!("role `{other}` is not served (system, developer, user, assistant and tool are)"),
                 )
                 .param("messages"));
             }
         };
+        let tool_calls = template_calls(&role, m.tool_calls)?;
+        if (role == "tool") != m.tool_call_id.is_some() {
+            return Err(ApiError::invalid("invalid_value", "tool_call_id is given with, and only with, role `tool`")
+                .param("messages"));
+        }
         let content = match m.content {
+            // Only tool calls: no content, as transformers hands such a turn to the template.
+            None if tool_calls.is_some() => Content::Null,
             None => Content::Text(String::new()),
             Some(MessageContent::Text(text)) => Content::Text(text),
             Some(MessageContent::Parts(parts)) => {
@@ -632,19 +731,23 @@ fn messages(
                     match part {
                         ContentPart::Text { text } => out.push(Part { kind: "text".to_owned(), text: Some(text) }),
                         ContentPart::ImageUrl { image_url } => {
-                            // `auto` and `high` are the family's own resolution; `low` would
-                            // need a smaller pixel budget through the family's resize rule.
-                            if let Some(detail) = image_url.detail.as_deref()
-                                && detail != "auto"
-                                && detail != "high"
-                            {
-                                return Err(ApiError::invalid(
-                                    "unsupported_value",
-                                    format!("image detail `{detail}` is not served; the family's processor sets the resolution (omit detail, or send \"auto\" or \"high\")"),
-                                )
-                                .param("messages"));
-                            }
-                            images.push(image_source(&image_url.url, state.remote.is_some())?);
+                            // `auto` and `high` are the family's own resolution; `low` its
+                            // low-detail pixel budget, or that same resolution (multimodal::Detail).
+                            let detail = match image_url.detail.as_deref() {
+                                None | Some("auto" | "high") => Detail::Full,
+                                Some("low") => Detail::Low,
+                                Some(other) => {
+                                    return Err(ApiError::invalid(
+                                        "invalid_value",
+                                        format!("image_url.detail `{other}` is not one of auto, low and high"),
+                                    )
+                                    .param("messages"));
+                                }
+                            };
+                            images.push(ImagePart {
+                                source: image_source(&image_url.url, state.remote.is_some())?,
+                                detail,
+                            });
                             out.push(Part { kind: "image".to_owned(), text: None });
                         }
                         ContentPart::InputAudio { input_audio } => {
@@ -662,7 +765,7 @@ fn messages(
                 Content::Parts(out)
             }
         };
-        messages.push(Message { role, content });
+        messages.push(Message { role, content, tool_calls, tool_call_id: m.tool_call_id });
     }
     if !images.is_empty() {
         let Some(media) = state.media else {
@@ -682,6 +785,37 @@ fn messages(
         })?;
     }
     Ok((messages, images))
+}
+
+/// An assistant turn's calls as templates take them: each call's arguments an object (the
+/// wire format sends them as JSON text).
+fn template_calls(role: &str, calls: Option<Vec<ToolCallBody>>) -> Result<Option<Vec<serde_json::Value>>, ApiError> {
+    let Some(calls) = calls else { return Ok(None) };
+    if role != "assistant" {
+        return Err(ApiError::invalid(
+            "invalid_value",
+            format!("tool_calls in a `{role}` turn; only assistant turns make calls"),
+        )
+        .param("messages"));
+    }
+    calls
+        .into_iter()
+        .map(|call| {
+            let arguments: serde_json::Value = serde_json::from_str(&call.function.arguments).map_err(|e| {
+                ApiError::invalid(
+                    "invalid_value",
+                    format!("the arguments of tool call `{}` are not JSON: {e}", call.id),
+                )
+                .param("messages")
+            })?;
+            Ok(serde_json::json!({
+                "id": call.id,
+                "type": call.kind,
+                "function": {"name": call.function.name, "arguments": arguments},
+            }))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 /// An image URL: a base64 data URL's bytes, or an http(s) URL when remote images are allowed.
@@ -719,12 +853,13 @@ fn image_source(url: &str, remote: bool) -> Result<ImageSource, ApiError> {
 fn prepare(
     state: &AppState,
     messages: &[Message],
-    images: &[Vec<u8>],
+    tools: Option<&[serde_json::Value]>,
+    images: &[(Vec<u8>, Detail)],
 ) -> Result<(Vec<u32>, Option<MediaRequest<'static>>), ApiError> {
     let text = &state.text;
     let prompt = text
         .template
-        .render(messages, true)
+        .render_with_tools(messages, tools, true)
         .map_err(|e| ApiError::invalid("template_error", format!("the chat template refused the messages: {e}")))?;
     let (ids, media) = match (images.is_empty(), state.media) {
         (true, media) => {
@@ -875,6 +1010,20 @@ async fn whole(
     drop(a.events);
     // Ended by a stop string: the tokens received so far.
     let usage = usage.unwrap_or_else(|| UsageBody::new(a.prompt.len(), out.tokens, cached));
+    let (mut content, mut tool_calls, mut reason) = (Some(text), Vec::new(), reason);
+    if let Some(mut scanner) = a.calls {
+        let mut read = scanner.push(content.as_deref().unwrap_or_default());
+        let rest = scanner.finish();
+        read.content.push_str(&rest.content);
+        read.calls.extend(rest.calls);
+        if !read.calls.is_empty() {
+            // OpenAI's shape: the calls, and text only if the model wrote some beside them.
+            content = Some(read.content).filter(|c| !c.trim().is_empty());
+            tool_calls = read.calls;
+            reason = if reason == "stop" { "tool_calls" } else { reason };
+        }
+    }
+    let text = content.clone().unwrap_or_default();
     let (id, created, model) = (a.id, now(), state.model_id.clone());
     Ok(match a.api {
         Api::Chat => Json(ChatCompletion {
@@ -884,7 +1033,7 @@ async fn whole(
             model,
             choices: vec![Choice {
                 index: 0,
-                message: AssistantMessage { role: "assistant", content: text },
+                message: AssistantMessage { role: "assistant", content, tool_calls },
                 finish_reason: reason,
                 logprobs: a
                     .logprobs
@@ -935,6 +1084,8 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
         }
         // Characters of the answer sent so far (where the next token's text starts).
         let mut chars = 0;
+        // Tool calls sent so far.
+        let mut called = 0;
         let mut first: Option<Instant> = None;
         let mut cached = 0;
         let finish: Result<&'static str, ApiError> = loop {
@@ -957,9 +1108,20 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                         Ok(p) => p,
                         Err(e) => break Err(e),
                     };
-                    if !piece.text.is_empty() || piece.logprobs.is_some() {
-                        let c = chunks.piece(piece.text.clone(), piece.logprobs, chars);
-                        chars += piece.text.chars().count();
+                    let (text, calls) = match &mut a.calls {
+                        Some(scanner) => {
+                            let read = scanner.push(&piece.text);
+                            (read.content, read.calls)
+                        }
+                        None => (piece.text, Vec::new()),
+                    };
+                    let mut sent = Vec::new();
+                    if !text.is_empty() || piece.logprobs.is_some() {
+                        sent.push(chunks.piece(text.clone(), piece.logprobs, chars));
+                        chars += text.chars().count();
+                    }
+                    sent.extend(chunks.calls(calls, &mut called));
+                    for c in sent {
                         if tx.send(Ok(data(c))).await.is_err() {
                             state.metrics.finished("cancelled", a.prompt.len(), out.tokens, decoding(first));
                             return;
@@ -972,14 +1134,27 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                 }
                 Some(Event::Finished { reason, .. }) => {
                     state.metrics.finished(outcome(&reason), a.prompt.len(), out.tokens, decoding(first));
-                    match out.finish() {
-                        Ok(tail) if !tail.text.is_empty() => {
-                            let _ = tx.send(Ok(data(chunks.piece(tail.text, None, chars)))).await;
-                        }
-                        Ok(_) => {}
+                    let tail = match out.finish() {
+                        Ok(tail) => tail.text,
                         Err(e) => break Err(e),
+                    };
+                    let (text, calls) = match &mut a.calls {
+                        Some(scanner) => {
+                            let mut read = scanner.push(&tail);
+                            let rest = scanner.finish();
+                            read.content.push_str(&rest.content);
+                            read.calls.extend(rest.calls);
+                            (read.content, read.calls)
+                        }
+                        None => (tail, Vec::new()),
+                    };
+                    if !text.is_empty() {
+                        let _ = tx.send(Ok(data(chunks.piece(text, None, chars)))).await;
                     }
-                    break finish_reason(&reason);
+                    for c in chunks.calls(calls, &mut called) {
+                        let _ = tx.send(Ok(data(c))).await;
+                    }
+                    break finish_reason(&reason).map(|r| if r == "stop" && called > 0 { "tool_calls" } else { r });
                 }
                 Some(other) => break Err(ApiError::internal(format!("unexpected engine event {other:?}"))),
                 None => break Err(ApiError::internal("the engine dropped the request")),
@@ -1018,7 +1193,7 @@ impl Chunks {
     fn role(&self) -> Option<serde_json::Value> {
         let role = ChunkChoice {
             index: 0,
-            delta: Delta { role: Some("assistant"), content: None },
+            delta: Delta { role: Some("assistant"), ..Delta::default() },
             finish_reason: None,
             logprobs: None,
         };
@@ -1031,7 +1206,7 @@ impl Chunks {
         match self.api {
             Api::Chat => {
                 let logprobs = self.logprobs.then(|| LogprobsBody { content: lp.into_iter().collect() });
-                let delta = Delta { role: None, content: Some(text) };
+                let delta = Delta { content: Some(text), ..Delta::default() };
                 self.chat(vec![ChunkChoice { index: 0, delta, finish_reason: None, logprobs }], None)
             }
             Api::Completion => {
@@ -1045,6 +1220,32 @@ impl Chunks {
                 self.completion(vec![CompletionChoice { index: 0, text, finish_reason: None, logprobs }], None)
             }
         }
+    }
+
+    /// Chat chunks for tool calls read from the answer, numbered on from `called`: a first
+    /// delta naming each call, then one with its arguments.
+    fn calls(&self, calls: Vec<ToolCallBody>, called: &mut usize) -> Vec<serde_json::Value> {
+        let mut out = Vec::with_capacity(2 * calls.len());
+        for call in calls {
+            let named = ToolCallDelta {
+                index: *called,
+                id: Some(call.id),
+                kind: Some("function"),
+                function: FunctionDelta { name: Some(call.function.name), arguments: String::new() },
+            };
+            let arguments = ToolCallDelta {
+                index: *called,
+                id: None,
+                kind: None,
+                function: FunctionDelta { name: None, arguments: call.function.arguments },
+            };
+            for delta in [named, arguments] {
+                let delta = Delta { tool_calls: vec![delta], ..Delta::default() };
+                out.push(self.chat(vec![ChunkChoice { index: 0, delta, finish_reason: None, logprobs: None }], None));
+            }
+            *called += 1;
+        }
+        out
     }
 
     fn finish(&self, reason: &'static str) -> serde_json::Value {
@@ -1103,7 +1304,7 @@ fn now() -> u64 {
 }
 
 /// A unique-enough completion id: time and a process-wide counter.
-fn uuid_like() -> String {
+pub(super) fn uuid_like() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());

@@ -7,11 +7,12 @@ mod engine;
 mod fetch;
 mod http;
 mod metrics;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -197,7 +198,7 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
     let vocab = mlxcel_decoder::TextConfig::load(&dir, spec.as_ref())
         .with_context(|| format!("reading the text config of {}", dir.display()))?
         .vocab;
-    let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops, vocab });
+    let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops, vocab, grammar: OnceLock::new() });
     let contract = args.compute.contract(args.allow_unqualified, with_encoders)?;
     let warm = args.warm_encoders || compile_only;
     let loader: engine::Loader = Box::new(move || {

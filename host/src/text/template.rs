@@ -15,6 +15,14 @@ use super::{TextError, read_json_if_present};
 pub struct Message {
     pub role: String,
     pub content: Content,
+    /// An assistant turn's tool calls, as transformers hands them to templates:
+    /// `{"id", "type": "function", "function": {"name", "arguments": {...}}}`, the arguments an
+    /// object, not the wire format's string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// A turn's content: plain text, or the list of typed parts multimodal
@@ -24,6 +32,8 @@ pub struct Message {
 pub enum Content {
     Text(String),
     Parts(Vec<Part>),
+    /// No content (`None` to the template): an assistant turn that only calls tools.
+    Null,
 }
 
 /// One part of a multimodal turn. Media parts carry only their type here:
@@ -39,7 +49,7 @@ pub struct Part {
 impl Message {
     /// A plain-text turn.
     pub fn new(role: &str, text: &str) -> Self {
-        Message { role: role.to_owned(), content: Content::Text(text.to_owned()) }
+        Message { role: role.to_owned(), content: Content::Text(text.to_owned()), tool_calls: None, tool_call_id: None }
     }
 }
 
@@ -99,15 +109,33 @@ impl ChatTemplate {
     /// The prompt for `messages`; with `add_generation_prompt`, ending
     /// where the assistant's reply begins.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, TextError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the request's tool definitions as the template's `tools`
+    /// (each `{"type": "function", "function": {...}}` as the client sent it, keys in its order,
+    /// as transformers' `apply_chat_template(tools=...)` passes them).
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
         // Messages go in as minijinja values so their keys keep field order for `tojson`.
         let mut ctx: std::collections::BTreeMap<&str, Value> =
             self.specials.iter().map(|(k, v)| (k.as_str(), Value::from_serialize(v))).collect();
         ctx.insert("messages", Value::from_serialize(messages));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         // transformers passes these as None when absent, so `tools is not none` is false.
-        ctx.insert("tools", Value::from(()));
+        ctx.insert("tools", tools.map_or(Value::from(()), Value::from_serialize));
         ctx.insert("documents", Value::from(()));
         Ok(self.env.get_template(NAME)?.render(ctx)?)
+    }
+
+    /// Whether the template reads `tools` at all: one that does not would drop a request's
+    /// tools without a word.
+    pub fn renders_tools(&self) -> bool {
+        self.env.get_template(NAME).is_ok_and(|t| t.undeclared_variables(false).contains("tools"))
     }
 }
 
@@ -325,6 +353,38 @@ fn json_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// tests/fixtures/tool_templates/hermes (tools/oracle/gen_tool_template.py): a template
+    /// rendering tools, past calls and their results gives transformers' prompt byte for byte.
+    #[test]
+    fn tools_calls_and_results_render_as_transformers_renders_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tool_templates/hermes");
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect("fixture file");
+        let request: serde_json::Value = serde_json::from_str(&read("request.json")).expect("json");
+        let mut wire = request["messages"].as_array().expect("messages").clone();
+        // The arguments as templates take them: objects, not the wire's JSON text.
+        for m in &mut wire {
+            for call in m["tool_calls"].as_array_mut().into_iter().flatten() {
+                let text = call["function"]["arguments"].as_str().expect("text").to_owned();
+                call["function"]["arguments"] = serde_json::from_str(&text).expect("arguments");
+            }
+            if m["content"].is_null() {
+                m["content"] = serde_json::Value::Null;
+            }
+        }
+        let messages: Vec<Message> = serde_json::from_value(serde_json::Value::Array(wire)).expect("messages");
+        assert_eq!(messages[2].content, Content::Null);
+        let template =
+            ChatTemplate::from_source(&read("chat_template.jinja"), &serde_json::json!({})).expect("compiles");
+        assert!(template.renders_tools());
+        let tools = request["tools"].as_array().expect("tools");
+        let got = template.render_with_tools(&messages, Some(tools), true).expect("renders");
+        assert_eq!(got, read("rendered.txt"));
+        // A template that never reads `tools` says so.
+        assert!(
+            !ChatTemplate::from_source("{{ messages }}", &serde_json::json!({})).expect("compiles").renders_tools()
+        );
+    }
 
     fn render(source: &str, messages: &[Message]) -> Result<String, TextError> {
         let config = serde_json::json!({"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": false}});

@@ -74,7 +74,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// The text of a golden's one user turn.
 fn user_text(g: &Golden, ctx: &str) -> String {
-    let [Message { role, content }] = &g.messages[..] else { panic!("{ctx}: one message") };
+    let [Message { role, content, .. }] = &g.messages[..] else { panic!("{ctx}: one message") };
     assert_eq!(role, "user", "{ctx}");
     match content {
         Content::Text(text) => text.clone(),
@@ -82,6 +82,7 @@ fn user_text(g: &Golden, ctx: &str) -> String {
             [part] if part.kind == "text" => part.text.clone().expect("text"),
             _ => panic!("{ctx}: not text-only"),
         },
+        Content::Null => panic!("{ctx}: no content"),
     }
 }
 

@@ -130,6 +130,7 @@ impl Testkit {
                 max_pixels_per_image: Some(1 << 20),
                 max_images_per_request: Some(4),
                 max_audio_seconds_per_request: None,
+                low_detail_max_pixels: None,
             },
             capabilities: [
                 (
@@ -148,6 +149,7 @@ impl Testkit {
             .into_iter()
             .collect(),
             forms: Default::default(),
+            chat: Default::default(),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use mlxcel_host::text::Tokenizer;
 
-use crate::support::{experimental_copy, plugins};
+use crate::support::{experimental_copy, manifest_copy, plugins};
 
 fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace")
@@ -68,14 +68,9 @@ impl Server {
             .arg(fixture_dir(name))
             .arg("--plugins")
             .arg(plugin_dir)
-            .args([
-                "--port",
-                "0",
-                "--context",
-                "256",
-                "--chunk",
-                &crate::support::chunk_for(&fixture_dir(name)).to_string(),
-            ])
+            .args(["--port", "0", "--chunk", &crate::support::chunk_for(&fixture_dir(name)).to_string()])
+            // 256 rows unless the test asks for another context.
+            .args(if extra.contains(&"--context") { &[][..] } else { &["--context", "256"][..] })
             .args(extra)
             .env_remove("MLXCEL_PLUGINS")
             .env_remove("MLXCEL_API_KEY")
@@ -285,7 +280,7 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     for case in ["bias_out_of_range", "bias_unknown_token", "bias_not_an_id"] {
         assert!(got[case].as_str().unwrap_or_default().contains("logit_bias"), "{case}: {got}");
     }
-    assert!(got["detail_low"].as_str().unwrap_or_default().contains("image detail `low`"), "{got}");
+    assert!(got["detail_unknown"].as_str().unwrap_or_default().contains("image_url.detail `medium`"), "{got}");
 
     let got = server.scenario("errors");
     let message = got["over_capacity"].as_str().unwrap_or_default();
@@ -295,6 +290,56 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     let (status, stderr) = server.terminate();
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
+}
+
+/// Issue 29: `image_url.detail: "low"` is a pixel budget the family's manifest declares, applied
+/// through its own resize rule; a family without one serves `low` at its one resolution. The
+/// Qwen2-VL fixture's processor bounds images to 12544 pixels, under the in-tree budget (262144),
+/// so the server runs a copy of the plugins whose qwen2_vl manifest declares 3136 (the fixture's
+/// `min_pixels`): the golden image shrinks from 8 feature tokens to 2. Gemma 3 resizes every
+/// image to its tower's size and declares none.
+#[test]
+fn low_image_detail_is_the_familys_pixel_budget_or_its_one_resolution() {
+    let budget = Path::new(env!("CARGO_TARGET_TMPDIR")).join("server-plugins-low-detail");
+    let _ = std::fs::remove_dir_all(&budget);
+    manifest_copy(plugins(), &budget, |manifest| {
+        if manifest.plugin.name == "qwen2-vl" {
+            manifest.limits.low_detail_max_pixels = Some(3136);
+        }
+    });
+    let server = Server::start_with(&budget, &["--slots", "2"]);
+    let got = server.scenario("detail");
+    let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
+    let golden = golden("image");
+    // High is the golden, as auto and none are (the script checks they agree).
+    assert_eq!(got["high"]["tokens"], golden_token_names(FIXTURE, "image", &tokenizer), "{got}");
+    assert_eq!(got["high"]["prompt_tokens"], golden["n_prompt_tokens"], "{got}");
+    let n = |detail: &str, key: &str| got[detail][key].as_u64().unwrap_or_else(|| panic!("{detail}.{key}: {got}"));
+    assert_eq!(n("low", "prompt_tokens"), n("high", "prompt_tokens") - 6, "8 image tokens become 2: {got}");
+    // Its own encoder-cache entry, and its own prefix rows: only the text before the image is
+    // kept from the high request before it (one digest for both would keep the image's first
+    // two rows too, whose positions agree).
+    assert_eq!(got["low"]["encoder_misses"], 1.0, "{got}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).expect("config")).expect("json");
+    let before_image = golden["input_ids"].as_array().expect("ids").iter().position(|t| *t == config["image_token_id"]);
+    assert_eq!(got["low"]["cached_tokens"].as_u64(), before_image.map(|i| i as u64), "{got}");
+    assert!(got["unknown"].as_str().unwrap_or_default().contains("image_url.detail `medium`"), "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+
+    let server = Server::serving("gemma3", plugins(), &["--slots", "2"]);
+    let got = server.scenario("detail");
+    let tokenizer = Tokenizer::load(&fixture_dir("gemma3")).expect("tokenizer");
+    assert_eq!(got["high"]["tokens"], golden_token_names("gemma3", "image", &tokenizer), "{got}");
+    for key in ["tokens", "prompt_tokens"] {
+        assert_eq!(got["low"][key], got["high"][key], "gemma3 serves low at its one resolution: {got}");
+    }
+    // The same features as high, so the same encoder-cache entry and prefix rows.
+    assert_eq!(got["low"]["encoder_misses"], 0.0, "{got}");
+    assert_eq!(got["low"]["cached_tokens"].as_u64(), got["low"]["prompt_tokens"].as_u64().map(|n| n - 1), "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
 }
 
 /// A conversation about one image, each turn sent twice: with the encoder and prefix caches the
@@ -333,6 +378,71 @@ fn a_conversation_reuses_its_image_and_prompt_prefix_and_answers_as_without_the_
     let reused: u64 =
         ["first_again", "second", "second_again", "other_image"].iter().map(|t| n(t, "cached_tokens")).sum();
     assert_eq!(warm["prefix_rows_reused"].as_f64(), Some(reused as f64), "{warm}");
+}
+
+/// Issue 29: `response_format` through the real client. The script asserts that every answer
+/// (several schemas: nested objects, enums, arrays, bounded strings and integers; whole and
+/// streamed; greedy and sampled with top-p, top-k and penalties; text and image prompts) ends
+/// with `stop`, parses and matches its schema, and is the same inside a batch beside free
+/// requests; that `json_object` gives an object and a stop string still cuts the text.
+#[test]
+fn structured_output_always_parses_and_matches_its_schema_in_every_mode() {
+    let server = Server::start(&["--slots", "4"]);
+    let got = server.scenario("structured");
+    let documents = got["documents"].as_array().expect("documents");
+    assert_eq!(documents.len(), 25, "{got}");
+    for case in ["bad_ref", "no_name", "ignore_eos"] {
+        assert!(got[case].as_str().unwrap_or_default().contains("response_format"), "{case}: {got}");
+    }
+    assert!(got["unknown_type"].as_str().unwrap_or_default().contains("yaml"), "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+}
+
+/// Issue 29: tool calls through the real client, on the Qwen2.5-VL fixture (whose manifest
+/// declares the `hermes` syntax) with a chat template that renders tools
+/// (tests/fixtures/tool_templates/hermes). The script asserts forced calls (required, named,
+/// one or several, greedy and sampled) come back as `tool_calls` whole and streamed alike, with
+/// arguments of their schemas, and go back as a turn; the prompt it reports for a history of
+/// calls and results is transformers' rendering, token for token in count.
+#[test]
+fn tools_are_rendered_and_forced_calls_come_back_as_tool_calls() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen2_5_vl_tools");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("fixture copy");
+    let source = fixture_dir("qwen2_5_vl");
+    for entry in std::fs::read_dir(&source).expect("fixture").map_while(Result::ok) {
+        if entry.path().is_file() && entry.file_name() != "chat_template.jinja" {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+        }
+    }
+    let hermes = workspace().join("tests/fixtures/tool_templates/hermes");
+    for name in ["chat_template.jinja", "request.json"] {
+        std::fs::copy(hermes.join(name), dir.join(name)).expect("copy");
+    }
+    let name = dir.to_str().expect("utf-8 path");
+    // The history of calls and results is 1,053 tokens of this fixture's small vocabulary.
+    let server = Server::serving(name, plugins(), &["--slots", "4", "--context", "2048", "--served-model-name", name]);
+    let got = server.scenario("tools");
+    let rendered = std::fs::read_to_string(hermes.join("rendered.txt")).expect("rendered");
+    let tokenizer = Tokenizer::load(&dir).expect("tokenizer");
+    let want = tokenizer.encode(&rendered, false).expect("encode").len();
+    assert_eq!(got["history_prompt_tokens"], want, "{got}");
+    for case in ["unknown_named", "choice_without_tools"] {
+        assert!(got[case].as_str().unwrap_or_default().contains("tool_choice"), "{case}: {got}");
+    }
+    assert!(got["with_json"].as_str().unwrap_or_default().contains("response_format"), "{got}");
+    assert!(got["bad_arguments"].as_str().unwrap_or_default().contains("not JSON"), "{got}");
+    assert!(got["tool_without_id"].as_str().unwrap_or_default().contains("tool_call_id"), "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+
+    // Qwen2-VL's manifest declares no syntax: calls are refused, `none` only shows the tools.
+    let server = Server::start(&["--slots", "2"]);
+    let got = server.scenario("tools_undeclared");
+    assert!(got["refused"].as_str().unwrap_or_default().contains("tool-call syntax"), "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
 }
 
 #[test]

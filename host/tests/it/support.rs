@@ -56,17 +56,25 @@ pub(crate) fn built_plugins(dir: &Path) {
 /// A copy of a built plugin directory whose qwen2_vl manifest marks every qualified capability
 /// `experimental` again: the gate's refusal, tested without depending on a real manifest's status.
 pub(crate) fn experimental_copy(built: &Path, out: &Path) {
+    // Every capability experimental; the checkpoint forms as they are.
+    manifest_copy(built, out, |manifest| {
+        for entry in manifest.capabilities.values_mut() {
+            entry.status = mlxcel_plugin_api::Status::Experimental;
+            entry.note.get_or_insert_with(|| "made experimental for a test".to_owned());
+        }
+    });
+}
+
+/// A copy of a built plugin directory with `edit` applied to every manifest (the libraries,
+/// and so their hashes, as they are).
+pub(crate) fn manifest_copy(built: &Path, out: &Path, edit: impl Fn(&mut mlxcel_plugin_api::Manifest)) {
     std::fs::create_dir_all(out).expect("create the copy");
     for entry in std::fs::read_dir(built).expect("read the plugin dir") {
         let path = entry.expect("entry").path();
         let target = out.join(path.file_name().expect("file name"));
         if path.extension().is_some_and(|e| e == "toml") {
-            // Every capability experimental; the checkpoint forms as they are.
             let mut manifest = mlxcel_plugin_api::Manifest::from_file(&path).expect("manifest");
-            for entry in manifest.capabilities.values_mut() {
-                entry.status = mlxcel_plugin_api::Status::Experimental;
-                entry.note.get_or_insert_with(|| "made experimental for a test".to_owned());
-            }
+            edit(&mut manifest);
             std::fs::write(target, manifest.to_toml()).expect("write the manifest");
         } else {
             std::fs::copy(&path, target).expect("copy the library");

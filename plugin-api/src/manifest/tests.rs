@@ -104,6 +104,40 @@ fn identity_and_library_fields_are_checked() {
     );
 }
 
+/// Issue 29: `detail: "low"`'s budget is positive, within the per-image limit, and for images.
+#[test]
+fn a_low_detail_budget_is_positive_and_only_tightens_the_pixel_limit() {
+    let limits = "max_pixels_per_image = 1003520";
+    check((limits, "max_pixels_per_image = 1003520\nlow_detail_max_pixels = 262144"), Ok(()));
+    check((limits, "max_pixels_per_image = 1003520\nlow_detail_max_pixels = 1003520"), Ok(()));
+    check((limits, "low_detail_max_pixels = 262144"), Ok(()));
+    check(
+        (limits, "max_pixels_per_image = 1003520\nlow_detail_max_pixels = 0"),
+        Err("limits must be positive when given"),
+    );
+    check(
+        (limits, "max_pixels_per_image = 1003520\nlow_detail_max_pixels = 2000000"),
+        Err(
+            "limits.low_detail_max_pixels 2000000 exceeds limits.max_pixels_per_image 1003520 (a low-detail budget only tightens the limit)",
+        ),
+    );
+    let audio_only = VALID
+        .replace("modalities = [\"image\"]", "modalities = [\"audio\"]")
+        .replace("[capabilities.image]", "[capabilities.audio]")
+        .replace("[capabilities.image.evidence]", "[capabilities.audio.evidence]")
+        .replace(
+            "[capabilities.multi_image]\nstatus = \"experimental\"\nnote = \"two-image fixture not yet at parity\"\n",
+            "",
+        )
+        .replace(limits, "low_detail_max_pixels = 262144");
+    let got = Manifest::parse(&audio_only, Path::new("m.toml")).map(|_| ()).map_err(|e| e.to_string());
+    assert_eq!(got, Err("invalid manifest m.toml: limits.low_detail_max_pixels needs modality `image`".to_owned()));
+    let parsed =
+        Manifest::parse(&VALID.replace(limits, "low_detail_max_pixels = 262144"), Path::new("m.toml")).expect("valid");
+    assert_eq!(parsed.limits.low_detail_max_pixels, Some(262_144));
+    assert_eq!(parsed.limits.max_pixels_per_image, None);
+}
+
 #[test]
 fn capabilities_must_be_known_and_match_modalities() {
     check(

@@ -132,6 +132,7 @@ impl Fixture {
                 max_pixels_per_image: Some(1 << 20),
                 max_images_per_request: Some(4),
                 max_audio_seconds_per_request: None,
+                low_detail_max_pixels: None,
             },
             capabilities: [
                 ("image".to_owned(), qualified()),
@@ -147,6 +148,7 @@ impl Fixture {
             .into_iter()
             .collect(),
             forms: Default::default(),
+            chat: Default::default(),
         }
     }
 }

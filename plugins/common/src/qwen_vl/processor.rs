@@ -140,6 +140,23 @@ mod tests {
         assert_eq!(&segments[..8], &[2, 0, 0, 0, 1, 0, 0, 0]);
     }
 
+    /// Issue 29: a tighter `max_pixels` (the host's budget for `detail: "low"`) shrinks the image
+    /// through `smart_resize`, never refuses it: fewer patches and feature tokens, the aspect kept.
+    #[test]
+    fn a_tighter_pixel_bound_shrinks_the_image_through_smart_resize() {
+        let config = fixture_config("qwen2_vl");
+        let wide = image_item("qwen2_vl", "inputs/wide.png");
+        let full = preprocess(&config, &wide, &PreprocessOptions::default()).expect("full");
+        let low = PreprocessOptions { max_pixels: Some(3136).into(), ..Default::default() };
+        let small = preprocess(&config, &wide, &low).expect("shrunk, not refused");
+        // 100x60 is 112x56 (4x8 patches, 8 tokens) at the fixture's bounds, 56x28 (2x4, 2 tokens)
+        // within 3136 pixels.
+        assert_eq!((full.grid.dims.to_vec(), full.grid.feature_tokens), (vec![1, 4, 8], 8));
+        assert_eq!((small.grid.dims.to_vec(), small.grid.feature_tokens), (vec![1, 2, 4], 2));
+        let again = preprocess(&config, &wide, &low).expect("again");
+        assert_eq!(again.tensors[0].data, small.tensors[0].data, "deterministic");
+    }
+
     #[test]
     fn bad_images_get_clear_errors() {
         let config = fixture_config("qwen2_vl");
