@@ -1,6 +1,6 @@
 """The tool-calling template fixture: a chat template in the `hermes` tool-call form (tools listed
 in a system turn, past calls as <tool_call> lines, results as <tool_response> lines, as the Qwen2.5
-family renders them), a request with tools, calls and results, and the prompt transformers renders
+family renders them; image parts as Qwen2.5-VL's placeholder), a request with tools, calls and results, and the prompt transformers renders
 from them with `apply_chat_template(messages, tools=...)`: what the host's template must render
 byte for byte.
 

@@ -412,7 +412,10 @@ fn tools_are_rendered_and_forced_calls_come_back_as_tool_calls() {
     std::fs::create_dir_all(&dir).expect("fixture copy");
     let source = fixture_dir("qwen2_5_vl");
     for entry in std::fs::read_dir(&source).expect("fixture").map_while(Result::ok) {
-        if entry.path().is_file() && entry.file_name() != "chat_template.jinja" {
+        if entry.path().is_dir() {
+            // goldens/ and inputs/ (the scenario's image) as they are.
+            std::os::unix::fs::symlink(entry.path(), dir.join(entry.file_name())).expect("link");
+        } else if entry.file_name() != "chat_template.jinja" {
             std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
         }
     }

@@ -250,6 +250,19 @@ def scenario_client_fields(client, args):
     plain = with_image(None)()
     for detail in ("auto", "high", "low"):
         assert with_image(detail)() == plain, detail
+    # logit_bias on an image request (the image golden), whole and streamed: its first greedy token banned.
+    image_golden = json.loads((args.fixture / "goldens" / "image.json").read_text())
+    image_messages = golden_messages(args.fixture, image_golden)
+    ban = {str(image_golden["greedy_tokens"][0]): -100}
+    image_base = tokens(messages=image_messages)
+    for stream in (False, True):
+        banned = tokens(stream, messages=image_messages, logit_bias=ban)
+        assert banned[0] != image_base[0], (banned, image_base)
+    seen["image_bias"] = {"base": image_base, "banned": banned}
+    # The fields that change nothing, on the image request and streamed too.
+    harmless_image = tokens(True, messages=image_messages, store=True, metadata={"team": "a"}, service_tier="auto",
+                            parallel_tool_calls=False, user="someone")
+    assert harmless_image == image_base, (harmless_image, image_base)
     seen["detail_unknown"] = expect_error(400, "invalid_value", with_image("medium"))
     hi = [{"role": "user", "content": "hi"}]
     bad = lambda bias: lambda: client.chat.completions.create(model=args.model, messages=hi, max_tokens=2, logit_bias=bias)
@@ -296,6 +309,13 @@ def scenario_detail(client, args):
         assert seen["low_again"][key] == seen["low"][key], ("low is deterministic", key, seen)
     assert seen["low_again"]["encoder_misses"] == 0, seen
     assert seen["low_again"]["cached_tokens"] == seen["low"]["prompt_tokens"] - 1, seen
+    # Streamed, low gives the same tokens.
+    streamed = []
+    for chunk in client.chat.completions.create(model=args.model, messages=messages("low"), logprobs=True,
+                                                extra_body=IGNORE_EOS, stream=True, **GREEDY):
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            streamed.extend(e.token for e in chunk.choices[0].logprobs.content)
+    assert streamed == seen["low"]["tokens"], (streamed, seen["low"])
     medium = lambda: client.chat.completions.create(model=args.model, messages=messages("medium"), max_tokens=2)
     seen["unknown"] = expect_error(400, "invalid_value", medium)
     return seen
@@ -887,12 +907,16 @@ def scenario_structured(client, args):
     for (name, messages, stream, params), (text, finish) in zip(cases, alone):
         assert finish == "stop", (name, stream, params, text, finish)
         matches(STRUCTURED_SCHEMAS[name], json.loads(text))
-    free = lambda: client.chat.completions.create(model=args.model, messages=text_prompt, max_tokens=24, temperature=0)
+    free = lambda: client.chat.completions.create(model=args.model, messages=text_prompt, max_tokens=24,
+                                                  temperature=0).choices[0].message.content
+    free_alone = free()
     with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
         frees = [pool.submit(free) for _ in range(3)]
         together = list(pool.map(ask, cases))
-        free_texts = {f.result().choices[0].message.content for f in frees}
+        free_texts = {f.result() for f in frees}
     assert together == alone, [(c[0], a, t) for c, a, t in zip(cases, alone, together) if a != t]
+    # The unconstrained requests beside them answer as alone.
+    assert free_texts == {free_alone}, (free_texts, free_alone)
     seen["documents"] = [text for text, _ in alone]
     seen["free"] = sorted(free_texts)
     # Greedy constrained answers differ from the unconstrained one: the grammar did something.
@@ -989,6 +1013,20 @@ def scenario_tools(client, args):
         assert got == want, (got, want)
         assert all(c["id"] and c["id"].startswith("call_") for c in calls), calls
         seen["forced"].append(want)
+
+    # An image in the question: the same forced call, whole and streamed.
+    wide = data_url(args.fixture / "inputs" / "wide.png")
+    look = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": wide}},
+                                         {"type": "text", "text": "Pick a number for this."}]}]
+    kw = dict(messages=look, tools=tools, tool_choice={"type": "function", "function": {"name": "pick"}},
+              parallel_tool_calls=False, max_tokens=120, temperature=0)
+    whole = create(**kw).choices[0]
+    assert whole.finish_reason == "tool_calls" and len(whole.message.tool_calls) == 1, whole
+    matches(schemas["pick"], json.loads(whole.message.tool_calls[0].function.arguments))
+    calls, content, finish = streamed(**kw)
+    assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in calls] == [
+        ("pick", whole.message.tool_calls[0].function.arguments)], (calls, whole)
+    seen["image_call"] = whole.message.tool_calls[0].function.arguments
 
     # The answer goes back with its result; the next turn is served.
     first = create(messages=ask, tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=240,
