@@ -972,6 +972,7 @@ async fn whole(
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut tool_calls = Vec::new();
     // Each token's log-probabilities, and where its text starts in the answer (in characters).
     let mut logprobs = Vec::new();
     let mut chars = 0;
@@ -989,8 +990,8 @@ async fn whole(
                 let piece = out.token(token, lp)?;
                 logprobs.extend(piece.logprobs.map(|lp| (lp, chars)));
                 chars += piece.text.chars().count();
-                text.push_str(&piece.text);
-                if piece.stopped {
+                take(&mut a.calls, &piece.text, false, &mut text, &mut tool_calls);
+                if piece.stopped || a.calls.as_ref().is_some_and(CallScanner::is_full) {
                     // Dropping the receiver below cancels the rest in the engine.
                     state.metrics.finished("stop", a.prompt.len(), out.tokens, decoding(first));
                     break "stop";
@@ -999,7 +1000,7 @@ async fn whole(
             Some(Event::Finished { reason, usage: used }) => {
                 usage = Some(UsageBody::new(used.prompt_tokens, used.completion_tokens, used.cached_rows));
                 let tail = out.finish()?;
-                text.push_str(&tail.text);
+                take(&mut a.calls, &tail.text, true, &mut text, &mut tool_calls);
                 state.metrics.finished(outcome(&reason), a.prompt.len(), out.tokens, decoding(first));
                 break finish_reason(&reason)?;
             }
@@ -1010,20 +1011,13 @@ async fn whole(
     drop(a.events);
     // Ended by a stop string: the tokens received so far.
     let usage = usage.unwrap_or_else(|| UsageBody::new(a.prompt.len(), out.tokens, cached));
-    let (mut content, mut tool_calls, mut reason) = (Some(text), Vec::new(), reason);
-    if let Some(mut scanner) = a.calls {
-        let mut read = scanner.push(content.as_deref().unwrap_or_default());
-        let rest = scanner.finish();
-        read.content.push_str(&rest.content);
-        read.calls.extend(rest.calls);
-        if !read.calls.is_empty() {
-            // OpenAI's shape: the calls, and text only if the model wrote some beside them.
-            content = Some(read.content).filter(|c| !c.trim().is_empty());
-            tool_calls = read.calls;
-            reason = if reason == "stop" { "tool_calls" } else { reason };
+    // OpenAI's shape for calls: the calls, and text only if the model wrote some beside them.
+    let (content, reason) = match tool_calls.is_empty() {
+        true => (Some(text.clone()), reason),
+        false => {
+            (Some(text.clone()).filter(|c| !c.trim().is_empty()), if reason == "stop" { "tool_calls" } else { reason })
         }
-    }
-    let text = content.clone().unwrap_or_default();
+    };
     let (id, created, model) = (a.id, now(), state.model_id.clone());
     Ok(match a.api {
         Api::Chat => Json(ChatCompletion {
@@ -1063,6 +1057,23 @@ async fn whole(
         })
         .into_response(),
     })
+}
+
+/// A piece of the answer into its text and, when the model may call tools, its calls; `end`
+/// is the answer's last piece (a call cut short there still counts when it is whole).
+fn take(calls: &mut Option<CallScanner>, piece: &str, end: bool, text: &mut String, found: &mut Vec<ToolCallBody>) {
+    let Some(scanner) = calls else {
+        text.push_str(piece);
+        return;
+    };
+    let mut read = scanner.push(piece);
+    if end {
+        let rest = scanner.finish();
+        read.content.push_str(&rest.content);
+        read.calls.extend(rest.calls);
+    }
+    text.push_str(&read.content);
+    found.extend(read.calls);
 }
 
 /// A streamed answer: a role chunk, a chunk per piece of text, a finish chunk, the usage chunk
@@ -1108,13 +1119,8 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                         Ok(p) => p,
                         Err(e) => break Err(e),
                     };
-                    let (text, calls) = match &mut a.calls {
-                        Some(scanner) => {
-                            let read = scanner.push(&piece.text);
-                            (read.content, read.calls)
-                        }
-                        None => (piece.text, Vec::new()),
-                    };
+                    let (mut text, mut calls) = (String::new(), Vec::new());
+                    take(&mut a.calls, &piece.text, false, &mut text, &mut calls);
                     let mut sent = Vec::new();
                     if !text.is_empty() || piece.logprobs.is_some() {
                         sent.push(chunks.piece(text.clone(), piece.logprobs, chars));
@@ -1131,6 +1137,10 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                         state.metrics.finished("stop", a.prompt.len(), out.tokens, decoding(first));
                         break Ok("stop");
                     }
+                    if a.calls.as_ref().is_some_and(CallScanner::is_full) {
+                        state.metrics.finished("stop", a.prompt.len(), out.tokens, decoding(first));
+                        break Ok("tool_calls");
+                    }
                 }
                 Some(Event::Finished { reason, .. }) => {
                     state.metrics.finished(outcome(&reason), a.prompt.len(), out.tokens, decoding(first));
@@ -1138,16 +1148,8 @@ fn stream(state: Arc<AppState>, mut a: Accepted, mut out: Output, arrived: Insta
                         Ok(tail) => tail.text,
                         Err(e) => break Err(e),
                     };
-                    let (text, calls) = match &mut a.calls {
-                        Some(scanner) => {
-                            let mut read = scanner.push(&tail);
-                            let rest = scanner.finish();
-                            read.content.push_str(&rest.content);
-                            read.calls.extend(rest.calls);
-                            (read.content, read.calls)
-                        }
-                        None => (tail, Vec::new()),
-                    };
+                    let (mut text, mut calls) = (String::new(), Vec::new());
+                    take(&mut a.calls, &tail, true, &mut text, &mut calls);
                     if !text.is_empty() {
                         let _ = tx.send(Ok(data(chunks.piece(text, None, chars)))).await;
                     }

@@ -188,6 +188,8 @@ impl Tools {
             names: self.functions.iter().map(|(n, _)| n.clone()).collect(),
             pending: String::new(),
             inside: false,
+            limit: (!self.parallel).then_some(1),
+            taken: 0,
         })
     }
 }
@@ -209,13 +211,29 @@ pub(crate) struct CallScanner {
     pending: String,
     /// `pending` is inside a call (after its `<tool_call>`).
     inside: bool,
+    /// Calls an answer may make (one without parallel calls): the answer ends after the last.
+    limit: Option<usize>,
+    /// Calls read so far.
+    taken: usize,
 }
 
 impl CallScanner {
+    /// The answer has made every call it may: nothing after it counts, and it ends.
+    pub(crate) fn is_full(&self) -> bool {
+        self.limit.is_some_and(|limit| self.taken >= limit)
+    }
+
     pub(crate) fn push(&mut self, text: &str) -> Scanned {
-        self.pending.push_str(text);
         let mut out = Scanned::default();
+        if self.is_full() {
+            return out;
+        }
+        self.pending.push_str(text);
         loop {
+            if self.is_full() {
+                self.pending.clear();
+                break;
+            }
             if self.inside {
                 let Some(end) = self.pending.find(CLOSE) else { break };
                 let body: String = self.pending.drain(..end + CLOSE.len()).collect();
@@ -246,6 +264,9 @@ impl CallScanner {
     pub(crate) fn finish(&mut self) -> Scanned {
         let mut out = Scanned::default();
         let rest = std::mem::take(&mut self.pending);
+        if self.is_full() {
+            return out;
+        }
         if self.inside {
             self.inside = false;
             self.take_call(&rest, &mut out);
@@ -258,6 +279,7 @@ impl CallScanner {
     fn take_call(&mut self, body: &str, out: &mut Scanned) {
         match self.parse(body) {
             Some((name, arguments)) => {
+                self.taken += 1;
                 out.calls.push(ToolCallBody {
                     id: format!("call_{}", super::http::uuid_like()),
                     kind: "function".to_owned(),
@@ -315,6 +337,19 @@ mod tests {
             assert_eq!(args, ["{\"city\":\"Paris\"}", "{\"city\":\"Oslo\"}"], "split {split}");
             assert!(all.calls.iter().all(|c| c.function.name == "get_weather" && c.id.starts_with("call_")));
         }
+    }
+
+    #[test]
+    fn without_parallel_calls_the_answer_ends_after_its_first_call() {
+        let tools = Tools::from_request(Some(&weather()), None, Some(false), Some("hermes"), true)
+            .expect("valid")
+            .expect("tools");
+        let mut scanner = tools.scanner().expect("scanner");
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+        let got = scanner.push(&format!("{call}\n{call} and more"));
+        assert_eq!((got.calls.len(), got.content.as_str(), scanner.is_full()), (1, "", true));
+        assert_eq!(scanner.push(call), Scanned::default());
+        assert_eq!(scanner.finish(), Scanned::default());
     }
 
     #[test]
