@@ -43,6 +43,7 @@ use super::engine::{EngineHandle, Event, Job, Refusal};
 use super::fetch::RemoteImages;
 use super::metrics::Metrics;
 use super::tools::{CallScanner, ToolChoice, Tools};
+use super::weights::WeightFiles;
 use crate::multimodal::{Detail, Fault, MediaError, MediaModel, MediaRefusal, MediaRequest};
 
 /// Stop strings a request may give.
@@ -97,6 +98,8 @@ pub(crate) struct AppState {
     pub(crate) draining: Arc<AtomicBool>,
     pub(crate) started: u64,
     pub(crate) access: Access,
+    /// The weight files as loaded: a change refuses new requests.
+    pub(crate) weights: WeightFiles,
 }
 
 /// Who may call the server: anyone, or whoever sends its one API key.
@@ -180,10 +183,13 @@ async fn live() -> Json<serde_json::Value> {
 }
 
 /// Readiness (`/ready`, and `/health` as before): the server listens only once its decoder and
-/// plugins are loaded, so it is ready until it starts draining.
+/// plugins are loaded, so it is ready until it starts draining or its weight files change.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "draining"}))).into_response()
+    } else if let Some(what) = state.weights.check() {
+        let body = serde_json::json!({"status": "checkpoint_changed", "detail": what});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
     } else {
         Json(serde_json::json!({"status": "ok"})).into_response()
     }
@@ -264,10 +270,17 @@ struct Accepted {
     calls: Option<CallScanner>,
 }
 
-/// The request body, unless the server drains or the body is refused (too large, unreadable).
+/// The request body, unless the server drains, its weights changed on disk, or the body is
+/// refused (too large, unreadable).
 fn read_body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     if state.draining.load(Ordering::Relaxed) {
         return Err(draining());
+    }
+    if let Some(what) = state.weights.check() {
+        let mut e = ApiError::internal(format!("{what}; the server must be restarted to serve the new weights"))
+            .status(StatusCode::SERVICE_UNAVAILABLE);
+        e.code = "checkpoint_changed";
+        return Err(e);
     }
     body.map_err(|e| {
         let status = e.status();

@@ -8,6 +8,7 @@ mod fetch;
 mod http;
 mod metrics;
 mod tools;
+mod weights;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -149,6 +150,8 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
             .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
             .context("the model directory has no name; pass --served-model-name")?,
     };
+    // Stamped before anything reads them: a file changed from here on is seen.
+    let weights = weights::WeightFiles::take(&dir)?;
     let tokenizer = Tokenizer::load(&dir)?;
     let template = ChatTemplate::load(&dir).context("a chat server needs the checkpoint's chat template")?;
     let stops = stop_tokens(&dir, &tokenizer)?;
@@ -276,6 +279,7 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
         draining: Arc::clone(&draining),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         access: http::Access::new(args.api_key.as_deref(), !args.metrics_without_key),
+        weights,
     });
     let timeout = Duration::from_secs(args.shutdown_timeout);
     let keyed = args.api_key.is_some();

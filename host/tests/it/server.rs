@@ -448,6 +448,52 @@ fn tools_are_rendered_and_forced_calls_come_back_as_tool_calls() {
     assert!(status.success(), "{stderr}");
 }
 
+/// Issue 27: a weight file rewritten under a running server (in place, the same size) is seen
+/// before the next request, which is refused with a 503 naming the file; `/ready` fails.
+#[test]
+fn a_checkpoint_changed_under_the_server_is_refused_never_served() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen2_vl_changing");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("fixture copy");
+    for entry in std::fs::read_dir(fixture()).expect("fixture").map_while(Result::ok) {
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+        }
+    }
+    let name = dir.to_str().expect("utf-8 path");
+    let server = Server::serving(name, plugins(), &["--slots", "2", "--served-model-name", name]);
+    // The scenario asks for the rewrite by creating a marker, and waits for it to go.
+    let rewriter = {
+        let dir = dir.clone();
+        std::thread::spawn(move || {
+            let marker = dir.join("rewrite-now");
+            for _ in 0..600 {
+                if marker.exists() {
+                    let weights = dir.join("model.safetensors");
+                    let mut bytes = std::fs::read(&weights).expect("read");
+                    let last = bytes.len() - 1;
+                    bytes[last] ^= 1;
+                    std::fs::write(&weights, &bytes).expect("rewrite");
+                    std::fs::remove_file(&marker).expect("marker");
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            false
+        })
+    };
+    let got = server.scenario("checkpoint_changed");
+    assert!(rewriter.join().expect("rewriter"), "the scenario never asked for the rewrite");
+    for case in ["whole", "stream"] {
+        let message = got[case].as_str().unwrap_or_default();
+        assert!(message.contains("model.safetensors changed on disk") && message.contains("restarted"), "{got}");
+    }
+    assert_eq!(got["ready"]["status"], "checkpoint_changed", "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("refusing new requests until the server is restarted"), "{stderr}");
+}
+
 #[test]
 fn shutdown_lets_a_running_stream_finish_and_turns_new_requests_away() {
     let mut server = Server::start(&["--slots", "2"]);

@@ -1069,6 +1069,34 @@ def scenario_tools_undeclared(client, args):
     return seen
 
 
+def scenario_checkpoint_changed(client, args):
+    """Issue 27: a request answers; then the test rewrites a weight file under the running server. Every
+    later request is a 503 `checkpoint_changed` naming the file (never an answer from weights nobody chose),
+    /ready fails while /live answers, and so does a streamed request."""
+    hi = [{"role": "user", "content": "hi"}]
+    before = client.chat.completions.create(model=args.model, messages=hi, max_tokens=2, temperature=0)
+    assert before.choices[0].message.content is not None
+    marker = args.fixture / "rewrite-now"
+    marker.write_text("")
+    deadline = time.time() + 30
+    while marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not marker.exists(), "the test never rewrote the weights"
+    seen = {"whole": expect_error(503, "checkpoint_changed", lambda: client.chat.completions.create(
+        model=args.model, messages=hi, max_tokens=2))}
+    seen["stream"] = expect_error(503, "checkpoint_changed", lambda: list(client.chat.completions.create(
+        model=args.model, messages=hi, max_tokens=2, stream=True)))
+    root = args.base_url.rsplit("/v1", 1)[0]
+    try:
+        urllib.request.urlopen(root + "/ready")
+        raise AssertionError("/ready answered 200")
+    except urllib.error.HTTPError as e:
+        assert e.code == 503, e.code
+        seen["ready"] = json.loads(e.read())
+    assert urllib.request.urlopen(root + "/live").status == 200
+    return seen
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
