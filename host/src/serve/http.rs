@@ -41,7 +41,7 @@ use super::api::{
 };
 use super::engine::{EngineHandle, Event, Job, Refusal};
 use super::fetch::RemoteImages;
-use super::metrics::Metrics;
+use super::metrics::{Metrics, Open};
 use super::tools::{CallScanner, ToolChoice, Tools};
 use super::weights::WeightFiles;
 use crate::multimodal::{Detail, Fault, MediaError, MediaModel, MediaRefusal, MediaRequest};
@@ -268,6 +268,8 @@ struct Accepted {
     events: mpsc::UnboundedReceiver<Event>,
     /// Reads tool calls out of the answer, when the model may call tools.
     calls: Option<CallScanner>,
+    /// Counts the request open until its answer ends (dropped with it).
+    _open: Open,
 }
 
 /// The request body, unless the server drains, its weights changed on disk, or the body is
@@ -480,6 +482,7 @@ async fn run(
         stops: options.stop_strings,
         events,
         calls: options.calls,
+        _open: Open::new(&state.metrics),
     };
     let output = Output::new(&state.text, &accepted.prompt, &accepted.stops, accepted.logprobs)?;
     if accepted.stream {

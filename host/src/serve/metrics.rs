@@ -83,6 +83,36 @@ pub(crate) struct Metrics {
     ttft: Mutex<Histogram>,
     tpot: Mutex<Histogram>,
     encoder_cache: Option<&'static EncoderCache>,
+    /// Requests handed to the engine whose answer has not ended (see [`Open`]).
+    open: AtomicU64,
+}
+
+/// One request between its hand-over to the engine and the end of its answer (whole, streamed,
+/// cancelled or failed): counted while it lives, so a request that leaks shows.
+#[derive(Debug)]
+pub(crate) struct Open(std::sync::Arc<Metrics>);
+
+impl Open {
+    pub(crate) fn new(metrics: &std::sync::Arc<Metrics>) -> Self {
+        metrics.open.fetch_add(1, Ordering::Relaxed);
+        Open(std::sync::Arc::clone(metrics))
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The process's resident memory in bytes (`VmRSS` of /proc/self/status), 0 where unknown.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 impl Metrics {
@@ -98,6 +128,7 @@ impl Metrics {
             ttft: Mutex::new(Histogram::new(&TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(&TPOT_BUCKETS)),
             encoder_cache,
+            open: AtomicU64::new(0),
         }
     }
 
@@ -140,6 +171,13 @@ impl Metrics {
         let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         };
+        gauge(
+            &mut out,
+            "mlxcel_requests_open",
+            "Requests handed to the engine whose answer has not ended.",
+            self.open.load(Ordering::Relaxed),
+        );
+        gauge(&mut out, "mlxcel_process_resident_bytes", "The server's resident memory.", resident_bytes());
         let engine = self.engine.lock().map(|g| *g).unwrap_or_default();
         gauge(
             &mut out,
