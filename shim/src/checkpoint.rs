@@ -90,6 +90,16 @@ impl Checkpoint {
                 path: index.into(),
                 reason: "a weight_map value is not a file name".into(),
             })?;
+            // A shard is a file beside the index: a path elsewhere (`/`, `..`) would let an index
+            // read any file the server can.
+            let plain = Path::new(file).components().count() == 1
+                && matches!(Path::new(file).components().next(), Some(std::path::Component::Normal(_)));
+            if !plain {
+                return Err(Error::CheckpointFormat {
+                    path: index.into(),
+                    reason: format!("shard {file:?} is not a file name in the checkpoint's directory"),
+                });
+            }
             if !shards.iter().any(|s| s == file) {
                 shards.push(file.to_owned());
             }

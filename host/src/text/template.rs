@@ -169,7 +169,8 @@ fn strip_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}") else { break };
+        // The closing `%}` after the opening `{%` (in `{%}` the two overlap: no tag).
+        let Some(len) = rest[start + 2..].find("%}").map(|n| n + 2) else { break };
         let tag = &rest[start..start + len + 2];
         let inner = tag[2..tag.len() - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         out.push_str(&rest[..start]);
@@ -490,6 +491,14 @@ mod tests {
         assert!(strftime("%Q", t).is_err());
         let year = render("{{ strftime_now('%Y') }}", &[]).expect("renders");
         assert!(year.len() == 4 && year.starts_with('2'), "{year}");
+    }
+
+    #[test]
+    fn a_tag_whose_opening_and_closing_overlap_is_no_tag() {
+        // Found by the chat_template fuzz target: `{%}` once panicked while generation tags were stripped.
+        assert_eq!(strip_generation_tags("{%}"), "{%}");
+        assert_eq!(strip_generation_tags("{%}{% generation %}c{% endgeneration %}"), "{%}{% generation %}c");
+        assert!(ChatTemplate::from_source("{%}", &serde_json::json!({})).is_err());
     }
 
     #[test]

@@ -19,8 +19,17 @@ impl Tokenizer {
         if !path.is_file() {
             return Err(TextError::Io { path, source: std::io::ErrorKind::NotFound.into() });
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| TextError::TokenizerLoad { path: path.clone(), message: e.to_string() })?;
+        // tokenizers panics on some malformed files (an unwrap in its decoder parsing, found by
+        // the tokenizer fuzz target); a bad file is an error here, never a crash.
+        let loaded = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(&path)).map_err(|panic| {
+            let message =
+                panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+            TextError::TokenizerLoad {
+                path: path.clone(),
+                message: format!("the tokenizers library failed on it: {}", message.unwrap_or_default()),
+            }
+        })?;
+        let inner = loaded.map_err(|e| TextError::TokenizerLoad { path: path.clone(), message: e.to_string() })?;
         Ok(Tokenizer { inner, path })
     }
 
@@ -62,6 +71,10 @@ impl Tokenizer {
         .map_err(refuse)?;
         let vocab = self.inner.get_vocab(true);
         let size = vocab.values().max().map_or(0, |&m| m as usize + 1);
+        // Ids far past the entries would make a table mostly of holes, sized by the file.
+        if size > 2 * vocab.len() + 1024 {
+            return Err(refuse(format!("token ids reach {} for {} tokens", size - 1, vocab.len())));
+        }
         let mut bytes = vec![Vec::new(); size];
         let added = self.inner.get_added_tokens_decoder();
         for (text, &id) in &vocab {
@@ -210,5 +223,26 @@ fn added(before: &str, after: &str) -> String {
     match after.strip_prefix(before) {
         Some(d) => d.to_owned(),
         None => after.chars().skip(before.chars().count()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use base64::Engine as _;
+
+    use super::*;
+
+    /// Found by the tokenizer fuzz target: a `decoder` object the tokenizers library fails to
+    /// parse (a stray `#`) made it panic inside `from_file`; it is an error now.
+    #[test]
+    fn a_tokenizer_file_that_makes_the_library_panic_is_an_error() {
+        let input = "eyJ2ZXJzaW9uIjogIjEuMCIsICJhZGRlZF90b2tlbnMiOiBbXSwgIm5vcm1hbGl6ZXIiOiBudWxsLCAicHJlX3Rva2VuaXplciI6IHsidHlwZSI6ICJNZXRhc3BhY2UiLCAicmVwbGFjZW1lbnQiOiAiXHUyNTgxIiwgInByZXBlbmRfc2NoZW1lIjogImFsd2F5cyIsICJzcGxpdCI6IHRydWV9LCAicG9zdF9wcm9jZXNzb3IiOiBudWxsLCAiZGVjb2RlciI6IHsidHlwZSI6ICJNZXRhc3BhY2UiLCMgInJlcGxhY2VtZW50IjogIlx1MjU4MSIsICJwcmVwZW5kX3NjaGVtZSI6ICJhbHdheXMiLCAic3BsaXQiOiB0cnVlfSwgIm1vZGVsIjogeyJ0eXBlIjogIlVuaWdyYW0iLCAidW5rX2lkIjogMCwgImJ5dGVfZmFsbGJhY2siOiB0cnVlLCAidm9jYWIiOiBbWyI8dW5rPiIsIDAuMF0sIFsiXHUyNTgxYSIsIC0xLjBdLCBbImIiLCAtMi4wXSwgWyI8MHg0MT4iLCAtMy4wXV19fQBhYiBB";
+        let bytes = base64::engine::general_purpose::STANDARD.decode(input).expect("base64");
+        // The fuzz input is the file, a NUL, then text to encode.
+        let file = bytes.split(|&b| b == 0).next().expect("file");
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("tokenizer.json"), file).expect("write");
+        let err = Tokenizer::load(dir.path()).expect_err("refused");
+        assert!(matches!(err, TextError::TokenizerLoad { .. }), "{err}");
     }
 }

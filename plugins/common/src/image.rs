@@ -102,9 +102,14 @@ pub struct Normalize {
     pub mean_std: Option<([f32; 3], [f32; 3])>,
 }
 
+/// The most pixels an encoded image handed to a plugin may declare: Pillow's `MAX_IMAGE_PIXELS`,
+/// the host's own default cap (`MAX_INPUT_PIXELS`). Refused from the header, before decoding.
+pub const MAX_ENCODED_PIXELS: u64 = 89_478_485;
+
 impl Image {
     /// The image a request item carries, decoded (`family` names the plugin in the refusal of
-    /// an item that is not an image). A malformed image is the input's fault.
+    /// an item that is not an image). A malformed image is the input's fault, and so is an
+    /// encoded one declaring more than [`MAX_ENCODED_PIXELS`].
     pub fn from_item(
         item: &mlxcel_plugin_api::MediaItem,
         family: &str,
@@ -112,7 +117,7 @@ impl Image {
         use mlxcel_plugin_api::{MediaItem, PluginError};
         match item {
             MediaItem::Rgb8 { width, height, pixels } => Image::from_rgb8(*width, *height, pixels.to_vec()),
-            MediaItem::EncodedImage(bytes) => Image::decode(bytes),
+            MediaItem::EncodedImage(bytes) => Image::decode_limited(bytes, MAX_ENCODED_PIXELS),
             _ => return Err(PluginError::unsupported(format!("{family} preprocesses images only"))),
         }
         .map_err(|e| PluginError::invalid(e.to_string()))
@@ -483,5 +488,24 @@ mod tests {
         assert_eq!(bmp, ImageError::Decode(mlxcel_media::Error::Unrecognized));
         let corrupt = Image::decode(b"\x89PNG\r\n\x1a\n\0\0\0").expect_err("corrupt");
         assert!(corrupt.to_string().starts_with("cannot decode the png"), "{corrupt}");
+    }
+
+    /// Issue 27 (fuzz/, `preprocess_qwen2_vl` and `preprocess_molmo2`): an encoded PNG whose
+    /// header declares 15360x25659 (or 134217828x60) pixels made every family allocate the
+    /// declared image before reading any pixel data, and abort.
+    #[test]
+    fn encoded_items_declaring_too_many_pixels_are_refused_before_decoding() {
+        let header = |w: u32, h: u32| {
+            let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+            png.extend_from_slice(&w.to_be_bytes());
+            png.extend_from_slice(&h.to_be_bytes());
+            png.extend_from_slice(&[8, 2, 0, 0, 0, 0, 0, 0, 0]);
+            png
+        };
+        for (width, height) in [(15360, 25659), (134_217_828, 60)] {
+            let item = mlxcel_plugin_api::MediaItem::EncodedImage(header(width, height).into());
+            let err = Image::from_item(&item, "test").expect_err("refused");
+            assert!(err.message.as_str().contains("over the limit of 89478485 pixels"), "{}", err.message);
+        }
     }
 }

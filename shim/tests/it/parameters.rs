@@ -98,6 +98,23 @@ fn an_index_that_misplaces_a_tensor_is_refused() {
 }
 
 #[test]
+fn an_index_naming_a_shard_outside_the_checkpoint_is_refused_before_it_is_opened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_sharded(dir.path());
+    let outside = dir.path().join("elsewhere");
+    std::fs::create_dir(&outside).expect("dir");
+    write_sharded(&outside);
+    let checkpoint = dir.path().join("checkpoint");
+    std::fs::create_dir(&checkpoint).expect("dir");
+    for shard in ["../model-00002-of-00002.safetensors", "/etc/passwd", "elsewhere/../x.safetensors"] {
+        let index = format!(r#"{{"weight_map": {{"layer.weight": "{shard}"}}}}"#);
+        std::fs::write(checkpoint.join("model.safetensors.index.json"), index).expect("index");
+        let err = Checkpoint::open(&checkpoint).unwrap_err();
+        assert!(err.to_string().contains("is not a file name in the checkpoint's directory"), "{shard}: {err}");
+    }
+}
+
+#[test]
 fn a_truncated_file_is_refused_before_iree_sees_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("model.safetensors");
