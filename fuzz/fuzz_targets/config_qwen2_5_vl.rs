@@ -1,0 +1,8 @@
+//! The qwen2_5_vl family's `config.json` and processor config through its `parse_config`, then
+//! the entries the host calls on every checkpoint (see `mlxcel_fuzz::family_config`).
+
+#![no_main]
+
+use mlxcel_family_qwen2_5_vl::Qwen25Vl;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| mlxcel_fuzz::family_config::<Qwen25Vl>(data));
