@@ -99,7 +99,7 @@ fn identity_and_library_fields_are_checked() {
     check(
         ("[plugin]", "surprise = true\n[plugin]"),
         Err(
-            "unknown field `surprise`, expected one of `manifest_version`, `plugin`, `accepts`, `modalities`, `limits`, `capabilities`, `forms` (line 5)",
+            "unknown field `surprise`, expected one of `manifest_version`, `plugin`, `accepts`, `modalities`, `limits`, `capabilities`, `forms`, `chat` (line 5)",
         ),
     );
 }
@@ -221,4 +221,17 @@ fn checkpoint_forms_are_known_and_experimental_ones_name_their_first_divergence(
     let (from, to) =
         ("[capabilities.multi_image]", "[forms.mlx_affine]\nstatus = \"qualified\"\n\n[capabilities.multi_image]");
     check((from, to), Err("forms.mlx_affine: status `qualified` requires evidence"));
+}
+
+#[test]
+fn a_tool_call_format_is_one_the_host_parses() {
+    check(("[accepts]", "[chat]\ntool_call_format = \"hermes\"\n\n[accepts]"), Ok(()));
+    check(
+        ("[accepts]", "[chat]\ntool_call_format = \"xml\"\n\n[accepts]"),
+        Err("chat.tool_call_format `xml` is not one the host parses (known: hermes)"),
+    );
+    check(
+        ("[accepts]", "[chat]\nparser = \"hermes\"\n\n[accepts]"),
+        Err("unknown field `parser`, expected `tool_call_format` (line 13)"),
+    );
 }
