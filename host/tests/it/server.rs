@@ -399,6 +399,23 @@ fn structured_output_always_parses_and_matches_its_schema_in_every_mode() {
     assert!(status.success(), "{stderr}");
 }
 
+/// A copy of `tests/fixtures/<fixture>` under the test target's scratch directory, named `name`:
+/// its files copied (but those in `leave_out`), so a test may change them, and its directories
+/// (goldens, inputs) linked as they are.
+fn fixture_copy(fixture: &str, name: &str, leave_out: &[&str]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("fixture copy");
+    for entry in std::fs::read_dir(fixture_dir(fixture)).expect("fixture").map_while(Result::ok) {
+        if entry.path().is_dir() {
+            std::os::unix::fs::symlink(entry.path(), dir.join(entry.file_name())).expect("link");
+        } else if !leave_out.iter().any(|l| entry.file_name() == **l) {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+        }
+    }
+    dir
+}
+
 /// Issue 29: tool calls through the real client, on the Qwen2.5-VL fixture (whose manifest
 /// declares the `hermes` syntax) with a chat template that renders tools
 /// (tests/fixtures/tool_templates/hermes). The script asserts forced calls (required, named,
@@ -407,18 +424,7 @@ fn structured_output_always_parses_and_matches_its_schema_in_every_mode() {
 /// calls and results is transformers' rendering, token for token in count.
 #[test]
 fn tools_are_rendered_and_forced_calls_come_back_as_tool_calls() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen2_5_vl_tools");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("fixture copy");
-    let source = fixture_dir("qwen2_5_vl");
-    for entry in std::fs::read_dir(&source).expect("fixture").map_while(Result::ok) {
-        if entry.path().is_dir() {
-            // goldens/ and inputs/ (the scenario's image) as they are.
-            std::os::unix::fs::symlink(entry.path(), dir.join(entry.file_name())).expect("link");
-        } else if entry.file_name() != "chat_template.jinja" {
-            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
-        }
-    }
+    let dir = fixture_copy("qwen2_5_vl", "qwen2_5_vl_tools", &["chat_template.jinja"]);
     let hermes = workspace().join("tests/fixtures/tool_templates/hermes");
     for name in ["chat_template.jinja", "request.json"] {
         std::fs::copy(hermes.join(name), dir.join(name)).expect("copy");
@@ -452,14 +458,7 @@ fn tools_are_rendered_and_forced_calls_come_back_as_tool_calls() {
 /// before the next request, which is refused with a 503 naming the file; `/ready` fails.
 #[test]
 fn a_checkpoint_changed_under_the_server_is_refused_never_served() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen2_vl_changing");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("fixture copy");
-    for entry in std::fs::read_dir(fixture()).expect("fixture").map_while(Result::ok) {
-        if entry.path().is_file() {
-            std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
-        }
-    }
+    let dir = fixture_copy(FIXTURE, "qwen2_vl_changing", &[]);
     let name = dir.to_str().expect("utf-8 path");
     let server = Server::serving(name, plugins(), &["--slots", "2", "--served-model-name", name]);
     // The scenario asks for the rewrite by creating a marker, and waits for it to go.
