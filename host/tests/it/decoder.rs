@@ -97,11 +97,18 @@ fn golden(name: &str, variant: &str) -> Golden {
 
 /// The decoder spec a fixture's family brings: Qwen3-VL's language model is the qwen3 preset
 /// with one injected layer per DeepStack vision block, which its family plugin declares from
-/// its own config; the other fixtures read their preset.
+/// its own config; Youtu-VL's is the youtu preset read from its flat root config; the other
+/// fixtures read their preset.
 fn spec(name: &str) -> Option<mlxcel_decoder::DecoderSpec> {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).expect("config"))
             .expect("json");
+    if config["model_type"] == "youtu_vl" {
+        return Some(mlxcel_decoder::DecoderSpec {
+            model_types: vec!["youtu_vl".into()],
+            ..mlxcel_decoder::presets::youtu()
+        });
+    }
     let deepstack = config.pointer("/vision_config/deepstack_visual_indexes")?.as_array()?.len();
     Some(mlxcel_decoder::DecoderSpec { injected_layers: deepstack, ..mlxcel_decoder::presets::qwen3() })
 }
@@ -128,6 +135,7 @@ fn assert_close(stage: &str, got: &[f32], want: &[f32], tol: f32) {
             first = Some((i, *g, *w));
         }
     }
+    eprintln!("{stage}: max-abs-diff {max:e}");
     if let Some((i, g, w)) = first {
         panic!("{stage}: first divergence at flat index {i}: got {g}, want {w}; max-abs-diff {max:e} > {tol:e}");
     }
@@ -207,6 +215,16 @@ fn llama_matches_transformers() {
 #[test]
 fn qwen3_matches_transformers() {
     check_parity("qwen3", &["short", "long"], From::Tokens);
+}
+
+/// Multi-head latent attention (Youtu-LLM) against transformers, which expands every cached
+/// latent into keys and values, and Youtu-VL's language model against mlx-vlm, which absorbs
+/// the projections for short queries as the graph always does, fed mlx-vlm's merged
+/// embeddings.
+#[test]
+fn latent_attention_matches_transformers_and_mlx_vlm() {
+    check_parity("youtu", &["short", "long"], From::Tokens);
+    check_parity("youtu_vl", &["text_only", "image", "two_images", "long"], From::Embeddings);
 }
 
 /// The VLM checkpoints' decoders, fed the reference's merged embeddings and

@@ -12,7 +12,7 @@ use serde::Deserialize;
 pub use mlxcel_emit::RmsStyle;
 
 use crate::presets;
-use crate::spec::{AttnScale, DecoderSpec, EmbedScale, NormPlacement, QkvBias, WeightLayout};
+use crate::spec::{AttentionKind, AttnScale, DecoderSpec, EmbedScale, NormPlacement, QkvBias, WeightLayout};
 
 /// The attention a layer does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -130,6 +130,46 @@ struct RawConfig {
     use_bidirectional_attention: bool,
     /// Rows of the token table beyond `vocab_size` (Molmo's `additional_vocab_size`).
     additional_vocab_size: Option<usize>,
+    /// Multi-head latent attention's sizes (DeepSeek-V2's names); `q_lora_rank` null means
+    /// queries are one full-rank projection.
+    kv_lora_rank: Option<usize>,
+    q_lora_rank: Option<usize>,
+    qk_nope_head_dim: Option<usize>,
+    qk_rope_head_dim: Option<usize>,
+    v_head_dim: Option<usize>,
+    rope_interleave: Option<bool>,
+    /// Derived by transformers (`qk_nope_head_dim + qk_rope_head_dim`) and saved beside them.
+    qk_head_dim: Option<usize>,
+}
+
+/// Multi-head latent attention's sizes ([`crate::spec::AttentionKind::MultiHeadLatent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mla {
+    /// The rank of the queries' low-rank projection (`q_a_proj`, `q_a_layernorm`, `q_b_proj`);
+    /// `None`: one full-rank `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// The width of the shared latent the cache holds.
+    pub kv_lora_rank: usize,
+    /// Per head: query and key values without rotary embedding.
+    pub nope: usize,
+    /// Per head: rotated query values, and the one rotated key every head shares.
+    pub rope: usize,
+    /// Per head: value width.
+    pub v: usize,
+    /// The rotary embedding turns adjacent pairs (`rope_interleave`), not the two halves.
+    pub interleaved: bool,
+}
+
+impl Mla {
+    /// One query head's width: `nope + rope`.
+    pub fn q_head_dim(&self) -> usize {
+        self.nope + self.rope
+    }
+
+    /// One cache row: the latent, then the rotated key.
+    pub fn cache_row(&self) -> usize {
+        self.kv_lora_rank + self.rope
+    }
 }
 
 /// Multimodal rotary embedding (Qwen2-VL family): three position streams
@@ -211,6 +251,9 @@ pub struct TextConfig {
     /// MLX's affine quantization as `config.json`'s root records it (which linears it applies
     /// to is read from the checkpoint's tensors).
     pub quantization: Option<crate::QuantConfig>,
+    /// Multi-head latent attention's sizes; `None` for grouped-query attention. With it,
+    /// `head_dim` is the rotary width (`qk_rope_head_dim`, as transformers sets it).
+    pub mla: Option<Mla>,
 }
 
 /// Why a config cannot be served.
@@ -249,6 +292,53 @@ fn parse_rope(r: &RawRope, fallback_theta: Option<f64>) -> Result<Rope, String> 
         other => return Err(format!("rope_type {other:?} is not implemented (default, linear, llama3)")),
     };
     Ok(Rope { theta, scaling })
+}
+
+/// Multi-head latent attention's sizes from `raw`, refusing what the graph does not implement.
+fn mla_sizes(raw: &RawConfig, heads: usize, name: &str) -> Result<Mla, String> {
+    let need = |v: Option<usize>, field: &str| match v {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!("{name} needs a positive `{field}`")),
+    };
+    let m = Mla {
+        q_lora_rank: match raw.q_lora_rank {
+            Some(0) => return Err("q_lora_rank is 0".into()),
+            rank => rank,
+        },
+        kv_lora_rank: need(raw.kv_lora_rank, "kv_lora_rank")?,
+        nope: need(raw.qk_nope_head_dim, "qk_nope_head_dim")?,
+        rope: need(raw.qk_rope_head_dim, "qk_rope_head_dim")?,
+        v: need(raw.v_head_dim, "v_head_dim")?,
+        interleaved: raw.rope_interleave.ok_or_else(|| format!("{name} needs `rope_interleave`"))?,
+    };
+    // transformers expands one key and value per query head from the latent and then repeats
+    // them by `heads / kv_heads`: only one key/value head per query head is well-formed.
+    if let Some(kv) = raw.num_key_value_heads.filter(|&kv| kv != heads) {
+        return Err(format!("multi-head latent attention with {kv} key/value heads for {heads} query heads"));
+    }
+    if raw.attention_bias {
+        return Err("attention_bias is not implemented for multi-head latent attention".into());
+    }
+    // transformers' Youtu-LLM gives the two latent norms torch's default epsilon (1e-6), and
+    // mlx-vlm gives them `rms_norm_eps`: the references agree only at 1e-6.
+    if raw.rms_norm_eps != 1e-6 {
+        return Err(format!(
+            "rms_norm_eps = {} is not implemented for multi-head latent attention (its latent norms' epsilon \
+             differs between the references unless it is 1e-6)",
+            raw.rms_norm_eps
+        ));
+    }
+    if raw.qk_head_dim.is_some_and(|d| d != m.q_head_dim()) {
+        return Err(format!(
+            "qk_head_dim {:?} is not qk_nope_head_dim + qk_rope_head_dim = {}",
+            raw.qk_head_dim,
+            m.q_head_dim()
+        ));
+    }
+    if raw.head_dim.is_some_and(|d| d != m.rope) {
+        return Err(format!("head_dim {:?} is not qk_rope_head_dim {}", raw.head_dim, m.rope));
+    }
+    Ok(m)
 }
 
 impl TextConfig {
@@ -431,11 +521,34 @@ impl TextConfig {
             rope.insert(kind, r);
         }
         let heads = raw.num_attention_heads;
+        let mla = match attention.kind {
+            AttentionKind::GroupedQuery => {
+                let given = [
+                    ("kv_lora_rank", raw.kv_lora_rank.is_some()),
+                    ("q_lora_rank", raw.q_lora_rank.is_some()),
+                    ("qk_nope_head_dim", raw.qk_nope_head_dim.is_some()),
+                    ("qk_rope_head_dim", raw.qk_rope_head_dim.is_some()),
+                    ("v_head_dim", raw.v_head_dim.is_some()),
+                    ("rope_interleave", raw.rope_interleave == Some(true)),
+                ];
+                if let Some((field, _)) = given.iter().find(|(_, given)| *given) {
+                    return Err(invalid(format!(
+                        "`{field}` is multi-head latent attention's; {} has grouped-query attention",
+                        preset.name
+                    )));
+                }
+                None
+            }
+            AttentionKind::MultiHeadLatent => Some(mla_sizes(&raw, heads, &preset.name).map_err(invalid)?),
+        };
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
         if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(invalid(format!("{heads} attention heads do not group over {kv_heads} key/value heads")));
         }
-        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / heads);
+        let head_dim = match &mla {
+            Some(m) => m.rope,
+            None => raw.head_dim.unwrap_or(raw.hidden_size / heads),
+        };
         if !head_dim.is_multiple_of(2) {
             return Err(invalid(format!("head_dim {head_dim} is odd; rotary embedding needs pairs")));
         }
@@ -459,12 +572,22 @@ impl TextConfig {
             }
             _ => None,
         };
+        if mla.is_some() && (mrope.is_some() || attention.qk_norm) {
+            return Err(invalid(format!(
+                "{}: M-RoPE and q/k norms are not implemented for multi-head latent attention",
+                preset.name
+            )));
+        }
         let attn_scale = match (attention.scale, raw.query_pre_attn_scalar) {
             (AttnScale::InverseSqrtQueryPreAttnScalar, Some(s)) => s.powf(-0.5),
             (AttnScale::InverseSqrtQueryPreAttnScalar, None) => {
                 return Err(invalid(format!("{} needs query_pre_attn_scalar", preset.name)));
             }
-            (AttnScale::InverseSqrtHeadDim, _) => (head_dim as f64).powf(-0.5),
+            // MLA's scores are over the query head, the no-rope and rotated parts together.
+            (AttnScale::InverseSqrtHeadDim, _) => match &mla {
+                Some(m) => (m.q_head_dim() as f64).powf(-0.5),
+                None => (head_dim as f64).powf(-0.5),
+            },
         };
         let sandwich_norms = preset.norms.placement == NormPlacement::Sandwich;
         let post_norms = preset.norms.placement == NormPlacement::Post;
@@ -527,6 +650,7 @@ impl TextConfig {
             injected_layers: preset.injected_layers,
             final_softcap,
             quantization,
+            mla,
             spec: preset,
         })
     }
@@ -700,6 +824,51 @@ mod tests {
             TextConfig::parse(r#"{"model_type": "llama", "num_key_value_heads": null, "num_attention_heads": 8}"#)
                 .expect("null");
         assert_eq!(null.kv_heads, 8);
+    }
+
+    /// Multi-head latent attention reads its sizes, keeps `head_dim` as the rotary width and
+    /// scales scores over the whole query head; what it does not implement is refused, and a
+    /// grouped-query decoder refuses latent-attention fields rather than ignore them.
+    #[test]
+    fn latent_attention_reads_its_sizes_and_refuses_what_it_does_not_implement() {
+        let saved = fixture_config("youtu");
+        let c = TextConfig::parse(&saved.to_string()).expect("youtu");
+        let m = c.mla.expect("latent attention");
+        assert_eq!(
+            (m.q_lora_rank, m.kv_lora_rank, m.nope, m.rope, m.v, m.interleaved),
+            (Some(24), 16, 16, 8, 16, true)
+        );
+        assert_eq!((c.head_dim, c.attn_scale), (8, 24f64.powf(-0.5)));
+        let kv = crate::KvLayout::of(&c, mlxcel_emit::Elem::F32);
+        assert_eq!((kv.planes, kv.row.as_slice()), (1, &[1, 24][..]));
+
+        let refused = |change: serde_json::Value, says: &str| {
+            let mut v = saved.clone();
+            v.as_object_mut().expect("object").extend(change.as_object().expect("object").clone());
+            let err = TextConfig::parse(&v.to_string()).expect_err(says);
+            assert!(err.to_string().contains(says), "{err}");
+        };
+        refused(serde_json::json!({"num_key_value_heads": 2}), "2 key/value heads for 4 query heads");
+        refused(serde_json::json!({"attention_bias": true}), "attention_bias");
+        refused(serde_json::json!({"rms_norm_eps": 1e-5}), "rms_norm_eps");
+        refused(serde_json::json!({"qk_head_dim": 32}), "qk_head_dim");
+        refused(serde_json::json!({"q_lora_rank": 0}), "q_lora_rank is 0");
+        refused(
+            serde_json::json!({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}),
+            "yarn",
+        );
+        let mut sparse = saved.clone();
+        drop(&mut sparse, &["kv_lora_rank"]);
+        sparse["kv_lora_rank"] = serde_json::Value::Null;
+        assert!(TextConfig::parse(&sparse.to_string()).is_err(), "a null latent rank is refused");
+        // A null q_lora_rank is transformers' full-rank query projection.
+        let mut full = saved.clone();
+        full["q_lora_rank"] = serde_json::Value::Null;
+        assert_eq!(TextConfig::parse(&full.to_string()).expect("full-rank q").mla.expect("mla").q_lora_rank, None);
+
+        let gqa = config("llama", serde_json::json!({"kv_lora_rank": 16}));
+        let err = TextConfig::parse(&gqa).expect_err("llama has no latent attention");
+        assert!(err.to_string().contains("`kv_lora_rank` is multi-head latent attention's"), "{err}");
     }
 
     #[test]

@@ -120,8 +120,18 @@ pub struct KvLayout {
 impl KvLayout {
     /// The cache `cfg`'s attention needs with `elem` activations.
     pub fn of(cfg: &TextConfig, elem: Elem) -> Self {
-        // Every attention kind the specs have today caches each layer's keys and values.
-        KvLayout { layers: cfg.layers, planes: 2, row: vec![cfg.kv_heads, cfg.head_dim], elem }
+        match &cfg.mla {
+            // Grouped-query attention caches each layer's keys and values.
+            None => KvLayout { layers: cfg.layers, planes: 2, row: vec![cfg.kv_heads, cfg.head_dim], elem },
+            // Latent attention caches one row per position: the normed latent, then the
+            // rotated key every head shares (read as one key head of that width).
+            Some(m) => KvLayout { layers: cfg.layers, planes: 1, row: vec![1, m.cache_row()], elem },
+        }
+    }
+
+    /// What the planes hold, for messages.
+    fn planes_hold(&self) -> &'static str {
+        if self.planes == 2 { "k|v" } else { "latent+rotated key" }
     }
 
     /// Elements of one row of one plane.
@@ -146,9 +156,10 @@ impl KvLayout {
     /// The layout in words, for fingerprints and messages.
     pub fn describe(&self, shape: BundleShape) -> String {
         format!(
-            "[layers={}, planes={} (k|v), slots={}, rows={}, row={:?}] {}",
+            "[layers={}, planes={} ({}), slots={}, rows={}, row={:?}] {}",
             self.layers,
             self.planes,
+            self.planes_hold(),
             shape.slots,
             shape.rows(),
             self.row,
@@ -198,11 +209,35 @@ enum GateUp {
     Fused(Lin),
 }
 
+/// How a layer's attention reads its input, by the spec's attention kind.
+#[allow(clippy::large_enum_variant)] // one per layer, built once: boxing buys nothing
+enum AttnWeights {
+    GroupedQuery { qkv: Qkv, qk_norm: Option<[Global; 2]> },
+    Latent(LatentWeights),
+}
+
+/// Multi-head latent attention's projections ([`crate::config::Mla`]).
+struct LatentWeights {
+    q: LatentQuery,
+    /// `[kv_lora_rank + rope, hidden]`: the latent, then the shared rotary key.
+    kv_a: Lin,
+    kv_a_norm: Global,
+    /// `[heads * (nope + v), kv_lora_rank]`, read dense: the graph splits it per head into the
+    /// key part the queries are absorbed through and the value part applied after attention.
+    kv_b: Global,
+}
+
+/// The queries: one projection, or a low-rank one with its norm.
+#[allow(clippy::large_enum_variant)] // one per layer, built once: boxing buys nothing
+enum LatentQuery {
+    Full(Lin),
+    LowRank { a: Lin, norm: Global, b: Lin },
+}
+
 struct Layer {
     /// The norm before attention; none when the norms sit after the blocks.
     ln1: Option<Global>,
-    qkv: Qkv,
-    qk_norm: Option<[Global; 2]>,
+    attn: AttnWeights,
     o: Lin,
     /// The norm on the attention output, before the residual add (Gemma's sandwich, OLMo's post).
     post_attn: Option<Global>,
@@ -233,6 +268,14 @@ enum Slots {
     One(Value),
     /// Row `b` uses slot `b`: decode.
     All,
+}
+
+/// Where a layer's attention writes and reads the cache: its layer, the slots of the call's
+/// rows and each row group's first cache row.
+struct CacheAt<'a> {
+    layer: usize,
+    slots: &'a Slots,
+    writes: &'a [Value],
 }
 
 struct Emitter<'a> {
@@ -335,31 +378,57 @@ pub fn emit_bundle(
         let l =
             |m: &mut Module, t: LayerTensor, out: usize, inputs: usize| lin(m, key(Tensor::Layer(i, t)), out, inputs);
         let ln1 = (!cfg.post_norms).then(|| n(&mut m, L::AttnInNorm, &[h]));
-        let rows = (cfg.heads + 2 * cfg.kv_heads) * d;
-        let qkv = if fused {
-            Qkv::Fused { qkv: l(&mut m, L::Qkv, rows, h), bias: cfg.qkv_bias.then(|| n(&mut m, L::QkvBias, &[rows])) }
-        } else {
-            Qkv::Separate {
-                q: l(&mut m, L::Q, cfg.heads * d, h),
-                k: l(&mut m, L::K, cfg.kv_heads * d, h),
-                v: l(&mut m, L::V, cfg.kv_heads * d, h),
-                bias: cfg.qkv_bias.then(|| {
-                    [
-                        n(&mut m, L::QBias, &[cfg.heads * d]),
-                        n(&mut m, L::KBias, &[cfg.kv_heads * d]),
-                        n(&mut m, L::VBias, &[cfg.kv_heads * d]),
-                    ]
-                }),
+        let (attn, o_inputs) = match &cfg.mla {
+            Some(mla) => {
+                let q_rows = cfg.heads * mla.q_head_dim();
+                let q = match mla.q_lora_rank {
+                    None => LatentQuery::Full(l(&mut m, L::Q, q_rows, h)),
+                    Some(r) => LatentQuery::LowRank {
+                        a: l(&mut m, L::QA, r, h),
+                        norm: n(&mut m, L::QANorm, &[r]),
+                        b: l(&mut m, L::QB, q_rows, r),
+                    },
+                };
+                let latent = LatentWeights {
+                    q,
+                    kv_a: l(&mut m, L::KvA, mla.cache_row(), h),
+                    kv_a_norm: n(&mut m, L::KvANorm, &[mla.kv_lora_rank]),
+                    kv_b: n(&mut m, L::KvB, &[cfg.heads * (mla.nope + mla.v), mla.kv_lora_rank]),
+                };
+                (AttnWeights::Latent(latent), cfg.heads * mla.v)
+            }
+            None => {
+                let rows = (cfg.heads + 2 * cfg.kv_heads) * d;
+                let qkv = if fused {
+                    Qkv::Fused {
+                        qkv: l(&mut m, L::Qkv, rows, h),
+                        bias: cfg.qkv_bias.then(|| n(&mut m, L::QkvBias, &[rows])),
+                    }
+                } else {
+                    Qkv::Separate {
+                        q: l(&mut m, L::Q, cfg.heads * d, h),
+                        k: l(&mut m, L::K, cfg.kv_heads * d, h),
+                        v: l(&mut m, L::V, cfg.kv_heads * d, h),
+                        bias: cfg.qkv_bias.then(|| {
+                            [
+                                n(&mut m, L::QBias, &[cfg.heads * d]),
+                                n(&mut m, L::KBias, &[cfg.kv_heads * d]),
+                                n(&mut m, L::VBias, &[cfg.kv_heads * d]),
+                            ]
+                        }),
+                    }
+                };
+                let qk_norm = cfg.qk_norm.then(|| {
+                    let (q, k) = if cfg.qk_norm_whole { (cfg.heads * d, cfg.kv_heads * d) } else { (d, d) };
+                    [n(&mut m, L::QNorm, &[q]), n(&mut m, L::KNorm, &[k])]
+                });
+                (AttnWeights::GroupedQuery { qkv, qk_norm }, cfg.heads * d)
             }
         };
         layers.push(Layer {
             ln1,
-            qkv,
-            qk_norm: cfg.qk_norm.then(|| {
-                let (q, k) = if cfg.qk_norm_whole { (cfg.heads * d, cfg.kv_heads * d) } else { (d, d) };
-                [n(&mut m, L::QNorm, &[q]), n(&mut m, L::KNorm, &[k])]
-            }),
-            o: l(&mut m, L::O, h, cfg.heads * d),
+            attn,
+            o: l(&mut m, L::O, h, o_inputs),
             post_attn: (cfg.sandwich_norms || cfg.post_norms).then(|| n(&mut m, L::AttnOutNorm, &[h])),
             ln2: (!cfg.post_norms).then(|| n(&mut m, L::MlpInNorm, &[h])),
             post_mlp: (cfg.sandwich_norms || cfg.post_norms).then(|| n(&mut m, L::MlpOutNorm, &[h])),
@@ -661,39 +730,83 @@ impl Emitter<'_> {
         f.add(&a, &r)
     }
 
+    /// Writes `rows [B, T, N, D]` (row group `b` into its slot at its first cache row) into
+    /// plane `plane` of layer `at.layer`.
+    fn write_cache(&self, f: &mut Func, cache: Value, at: &CacheAt, plane: usize, rows: &Value) -> Value {
+        let s = rows.shape().to_vec();
+        let (t, n, d) = (s[1], s[2], s[3]);
+        let idx = |f: &mut Func, v: usize| f.splat(&Type::scalar(Elem::I32), v as f64);
+        let (zero, lidx, widx) = (idx(f, 0), idx(f, at.layer), idx(f, plane));
+        let mut cache = cache;
+        for (row, write) in at.writes.iter().enumerate().take(s[0]) {
+            let part = f.slice(rows, &[row, 0, 0, 0], &[row + 1, t, n, d]);
+            let part = f.reshape(&part, &[1, 1, 1, t, n, d]);
+            let slot = match at.slots {
+                Slots::One(s) => s.clone(),
+                Slots::All => idx(f, row),
+            };
+            let start = [lidx.clone(), widx.clone(), slot, write.clone(), zero.clone(), zero.clone()];
+            cache = f.dynamic_update_slice(&cache, &part, &start);
+        }
+        cache
+    }
+
+    /// Every cache row of plane `plane` of layer `at.layer` in the slots this call uses:
+    /// `[B, C, N, D]` for a cache row of `[n, d]`.
+    fn read_cache(&self, f: &mut Func, cache: &Value, at: &CacheAt, plane: usize, n: usize, d: usize) -> Value {
+        let cap = self.shape.rows();
+        let idx = |f: &mut Func, v: usize| f.splat(&Type::scalar(Elem::I32), v as f64);
+        match at.slots {
+            Slots::One(s) => {
+                let (zero, lidx, widx) = (idx(f, 0), idx(f, at.layer), idx(f, plane));
+                let start = [lidx, widx, s.clone(), zero.clone(), zero.clone(), zero];
+                let r = f.dynamic_slice(cache, &start, &[1, 1, 1, cap, n, d]);
+                f.reshape(&r, &[1, cap, n, d])
+            }
+            Slots::All => {
+                let (l, all) = (at.layer, self.shape.slots);
+                let r = f.slice(cache, &[l, plane, 0, 0, 0, 0], &[l + 1, plane + 1, all, cap, n, d]);
+                f.reshape(&r, &[all, cap, n, d])
+            }
+        }
+    }
+
+    /// Masked attention probabilities from f32-converted `scores` and the mask `[B, T, C]`,
+    /// which `mask_dims` places in the scores' shape.
+    fn probs(&self, f: &mut Func, scores: &Value, mask: &Value, mask_dims: &[usize]) -> Value {
+        let scale = f.splat(scores.ty(), self.cfg.attn_scale);
+        let scores = f.mul(scores, &scale);
+        let sa = f.convert(&scores, Elem::F32);
+        let mb = f.broadcast(mask, sa.shape(), mask_dims);
+        let masked = f.add(&sa, &mb);
+        self.c.softmax(f, &masked)
+    }
+
+    /// Grouped-query attention over `hx [B, T, H]`: `[B, T, heads * head_dim]` before the
+    /// output projection, and the cache with this call's keys and values written.
     #[allow(clippy::too_many_arguments)]
-    fn layer(
+    fn grouped_query(
         &self,
         f: &mut Func,
-        l: usize,
-        w: &Layer,
-        x: &Value,
-        cos: &Value,
-        sin: &Value,
+        qkv: &Qkv,
+        qk_norm: Option<&[Global; 2]>,
+        hx: &Value,
+        (cos, sin): (&Value, &Value),
         mask: &Value,
-        slots: &Slots,
-        writes: &[Value],
+        at: &CacheAt,
         cache: Value,
     ) -> (Value, Value) {
         let cfg = self.cfg;
-        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (b, t) = (hx.shape()[0], hx.shape()[1]);
         let (nh, kvh, d, cap) = (cfg.heads, cfg.kv_heads, cfg.head_dim, self.shape.rows());
         let g = nh / kvh;
         let c = &self.c;
-
         let style = cfg.norm_style;
-        let hx = match &w.ln1 {
-            Some(ln1) => {
-                let ln1 = f.load(ln1);
-                c.rms_norm(f, x, &ln1, cfg.rms_eps, style)
-            }
-            None => x.clone(),
-        };
-        let (mut q, mut k, v) = match &w.qkv {
+        let (mut q, mut k, v) = match qkv {
             Qkv::Separate { q, k, v, bias } => {
                 let bias = |f: &mut Func, i: usize| bias.as_ref().map(|bs| f.load(&bs[i]));
                 let proj = |f: &mut Func, w: &Lin, bi: Option<Value>, heads: usize| {
-                    let y = self.linear(f, &hx, w, bi.as_ref());
+                    let y = self.linear(f, hx, w, bi.as_ref());
                     f.reshape(&y, &[b, t, heads, d])
                 };
                 let bq = bias(f, 0);
@@ -705,14 +818,14 @@ impl Emitter<'_> {
             }
             Qkv::Fused { qkv, bias } => {
                 let bias = bias.as_ref().map(|g| f.load(g));
-                let y = self.linear(f, &hx, qkv, bias.as_ref());
+                let y = self.linear(f, hx, qkv, bias.as_ref());
                 let y = f.reshape(&y, &[b, t, nh + 2 * kvh, d]);
                 let part =
                     |f: &mut Func, from: usize, heads: usize| f.slice(&y, &[0, 0, from, 0], &[b, t, from + heads, d]);
                 (part(f, 0, nh), part(f, nh, kvh), part(f, nh + kvh, kvh))
             }
         };
-        if let Some([qn, kn]) = &w.qk_norm {
+        if let Some([qn, kn]) = qk_norm {
             // Per head, or (OLMo) over the whole projection, viewed flat and back.
             let norm = |f: &mut Func, x: &Value, w: &Global, heads: usize| {
                 let w = f.load(w);
@@ -729,58 +842,141 @@ impl Emitter<'_> {
         let q = self.rope(f, &q, cos, sin);
         let k = self.rope(f, &k, cos, sin);
 
-        // Write this call's K and V rows into the cache.
-        let idx = |f: &mut Func, v: usize| f.splat(&Type::scalar(Elem::I32), v as f64);
-        let zero = idx(f, 0);
-        let lidx = idx(f, l);
-        let mut cache = cache;
-        for (which, kv) in [(0usize, &k), (1, &v)] {
-            let widx = idx(f, which);
-            for (row, write) in writes.iter().enumerate().take(b) {
-                let part = f.slice(kv, &[row, 0, 0, 0], &[row + 1, t, kvh, d]);
-                let part = f.reshape(&part, &[1, 1, 1, t, kvh, d]);
-                let slot = match slots {
-                    Slots::One(s) => s.clone(),
-                    Slots::All => idx(f, row),
-                };
-                let at = [lidx.clone(), widx.clone(), slot, write.clone(), zero.clone(), zero.clone()];
-                cache = f.dynamic_update_slice(&cache, &part, &at);
-            }
-        }
+        let cache = self.write_cache(f, cache, at, 0, &k);
+        let cache = self.write_cache(f, cache, at, 1, &v);
+        let keys = self.read_cache(f, &cache, at, 0, kvh, d);
+        let values = self.read_cache(f, &cache, at, 1, kvh, d);
 
-        // Read every cache row of the slots this call uses: [B, C, KVH, D].
-        let s_all = self.shape.slots;
-        let read = |f: &mut Func, which: usize| -> Value {
-            match slots {
-                Slots::One(s) => {
-                    let w = idx(f, which);
-                    let at = [lidx.clone(), w, s.clone(), zero.clone(), zero.clone(), zero.clone()];
-                    let r = f.dynamic_slice(&cache, &at, &[1, 1, 1, cap, kvh, d]);
-                    f.reshape(&r, &[1, cap, kvh, d])
-                }
-                Slots::All => {
-                    let r = f.slice(&cache, &[l, which, 0, 0, 0, 0], &[l + 1, which + 1, s_all, cap, kvh, d]);
-                    f.reshape(&r, &[s_all, cap, kvh, d])
-                }
-            }
-        };
-        let keys = read(f, 0);
-        let values = read(f, 1);
-
-        // Grouped-query attention: q [B, T, KVH, G, D] against keys [B, C, KVH, D].
+        // q [B, T, KVH, G, D] against keys [B, C, KVH, D]: scores [B, KVH, T, G, C].
         let qg = f.reshape(&q, &[b, t, kvh, g, d]);
-        // scores [B, KVH, T, G, C]
         let scores = c.matmul(f, &qg, &keys, (&[0, 2], &[0, 2]), (&[4], &[3]));
-        let scale = f.splat(scores.ty(), cfg.attn_scale);
-        let scores = f.mul(&scores, &scale);
-        let sa = f.convert(&scores, Elem::F32);
-        let mb = f.broadcast(mask, &[b, kvh, t, g, cap], &[0, 2, 4]);
-        let masked = f.add(&sa, &mb);
-        let probs = c.softmax(f, &masked);
+        debug_assert_eq!(scores.shape(), &[b, kvh, t, g, cap]);
+        let probs = self.probs(f, &scores, mask, &[0, 2, 4]);
         // out [B, KVH, T, G, D]
         let out = c.matmul(f, &probs, &values, (&[0, 1], &[0, 2]), (&[4], &[1]));
         let out = f.transpose(&out, &[0, 2, 1, 3, 4]);
-        let out = f.reshape(&out, &[b, t, nh * d]);
+        (f.reshape(&out, &[b, t, nh * d]), cache)
+    }
+
+    /// Multi-head latent attention over `hx [B, T, H]`, in its absorbed form: each head's
+    /// no-rope query is taken into the latent space through that head's key part of `kv_b`,
+    /// and, beside its rotated query, meets the cached rows (latent, rotated key) as one key
+    /// head of `kv_lora_rank + rope` values; the heads' outputs over the latents go through
+    /// their value parts of `kv_b`. The same sums as expanding every cached latent into keys
+    /// and values, in another association (mlx-vlm absorbs for short queries and expands
+    /// for long ones; transformers always expands), and the cache holds only the latent.
+    /// Returns `[B, T, heads * v]` before the output projection, and the cache with this
+    /// call's rows written.
+    #[allow(clippy::too_many_arguments)]
+    fn latent(
+        &self,
+        f: &mut Func,
+        w: &LatentWeights,
+        hx: &Value,
+        (cos, sin): (&Value, &Value),
+        mask: &Value,
+        at: &CacheAt,
+        cache: Value,
+    ) -> (Value, Value) {
+        let cfg = self.cfg;
+        let m = cfg.mla.expect("invariant: latent weights come from a latent-attention config");
+        let (b, t) = (hx.shape()[0], hx.shape()[1]);
+        let (nh, r, p, cap) = (cfg.heads, m.kv_lora_rank, m.rope, self.shape.rows());
+        let c = &self.c;
+        let style = cfg.norm_style;
+        let q = match &w.q {
+            LatentQuery::Full(q) => self.linear(f, hx, q, None),
+            LatentQuery::LowRank { a, norm, b: up } => {
+                let qa = self.linear(f, hx, a, None);
+                let nw = f.load(norm);
+                let qa = c.rms_norm(f, &qa, &nw, cfg.rms_eps, style);
+                self.linear(f, &qa, up, None)
+            }
+        };
+        let q = f.reshape(&q, &[b, t, nh, m.q_head_dim()]);
+        let q_nope = f.slice(&q, &[0, 0, 0, 0], &[b, t, nh, m.nope]);
+        let q_pe = f.slice(&q, &[0, 0, 0, m.nope], &[b, t, nh, m.q_head_dim()]);
+        let kv = self.linear(f, hx, &w.kv_a, None);
+        let latent = f.slice(&kv, &[0, 0, 0], &[b, t, r]);
+        let nw = f.load(&w.kv_a_norm);
+        let latent = c.rms_norm(f, &latent, &nw, cfg.rms_eps, style);
+        let k_pe = f.slice(&kv, &[0, 0, r], &[b, t, r + p]);
+        let k_pe = f.reshape(&k_pe, &[b, t, 1, p]);
+        let (q_pe, k_pe) =
+            if m.interleaved { (self.deinterleave(f, &q_pe), self.deinterleave(f, &k_pe)) } else { (q_pe, k_pe) };
+        let q_pe = self.rope(f, &q_pe, cos, sin);
+        let k_pe = self.rope(f, &k_pe, cos, sin);
+
+        let latent4 = f.reshape(&latent, &[b, t, 1, r]);
+        let rows = f.concat(&[latent4, k_pe], 3);
+        let cache = self.write_cache(f, cache, at, 0, &rows);
+        let cached = self.read_cache(f, &cache, at, 0, 1, r + p);
+        let cached = f.reshape(&cached, &[b, cap, r + p]);
+
+        // kv_b per head: [heads, nope + v, r], the key rows then the value rows.
+        let kv_b = f.load(&w.kv_b);
+        let kv_b = f.reshape(&kv_b, &[nh, m.nope + m.v, r]);
+        let w_k = f.slice(&kv_b, &[0, 0, 0], &[nh, m.nope, r]);
+        let w_v = f.slice(&kv_b, &[0, m.nope, 0], &[nh, m.nope + m.v, r]);
+        // q_nope [B, T, N, nope] . w_k [N, nope, r] -> [N, B, T, r] -> [B, T, N, r]
+        let q_lat = c.matmul(f, &q_nope, &w_k, (&[2], &[0]), (&[3], &[1]));
+        let q_lat = f.transpose(&q_lat, &[1, 2, 0, 3]);
+        let q_all = f.concat(&[q_lat, q_pe], 3);
+        // scores [B, T, N, C]
+        let scores = c.matmul(f, &q_all, &cached, (&[0], &[0]), (&[3], &[2]));
+        let probs = self.probs(f, &scores, mask, &[0, 1, 3]);
+        let latents = f.slice(&cached, &[0, 0, 0], &[b, cap, r]);
+        // out over the latents [B, T, N, r], then each head's value part: [N, B, T, v].
+        let o_lat = c.matmul(f, &probs, &latents, (&[0], &[0]), (&[3], &[1]));
+        let out = c.matmul(f, &o_lat, &w_v, (&[2], &[0]), (&[3], &[2]));
+        let out = f.transpose(&out, &[1, 2, 0, 3]);
+        (f.reshape(&out, &[b, t, nh * m.v]), cache)
+    }
+
+    /// Adjacent rotary pairs `(x0, x1), (x2, x3), ...` of `x [B, T, N, D]` laid out as the
+    /// two halves `rotate_half` turns (`x0, x2, ..., x1, x3, ...`), as transformers' DeepSeek
+    /// family does before its rotary embedding; the graph keeps that layout after it (dot
+    /// products do not depend on the order, if queries and keys share it).
+    fn deinterleave(&self, f: &mut Func, x: &Value) -> Value {
+        let s = x.shape().to_vec();
+        let pairs = f.reshape(x, &[s[0], s[1], s[2], s[3] / 2, 2]);
+        let halves = f.transpose(&pairs, &[0, 1, 2, 4, 3]);
+        f.reshape(&halves, &s)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &self,
+        f: &mut Func,
+        l: usize,
+        w: &Layer,
+        x: &Value,
+        cos: &Value,
+        sin: &Value,
+        mask: &Value,
+        slots: &Slots,
+        writes: &[Value],
+        cache: Value,
+    ) -> (Value, Value) {
+        let cfg = self.cfg;
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let c = &self.c;
+
+        let style = cfg.norm_style;
+        let hx = match &w.ln1 {
+            Some(ln1) => {
+                let ln1 = f.load(ln1);
+                c.rms_norm(f, x, &ln1, cfg.rms_eps, style)
+            }
+            None => x.clone(),
+        };
+        let at = CacheAt { layer: l, slots, writes };
+        let (out, cache) = match &w.attn {
+            AttnWeights::GroupedQuery { qkv, qk_norm } => {
+                self.grouped_query(f, qkv, qk_norm.as_ref(), &hx, (cos, sin), mask, &at, cache)
+            }
+            AttnWeights::Latent(lw) => self.latent(f, lw, &hx, (cos, sin), mask, &at, cache),
+        };
         let mut attn = self.linear(f, &out, &w.o, None);
         if let Some(post) = &w.post_attn {
             let pw = f.load(post);

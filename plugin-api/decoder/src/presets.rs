@@ -126,9 +126,29 @@ pub fn gemma3_text() -> DecoderSpec {
     }
 }
 
+/// Youtu-LLM (transformers' `youtu`, and Youtu-VL's language model): Llama's blocks with
+/// multi-head latent attention, a tied head by default.
+pub fn youtu() -> DecoderSpec {
+    let base = llama();
+    DecoderSpec {
+        name: "youtu".into(),
+        model_types: types(&["youtu"]),
+        attention: Attention { kind: AttentionKind::MultiHeadLatent, ..base.attention },
+        head: Head { tied_by_default: true, final_softcapping: false },
+        // transformers 5.24 `YoutuConfig`.
+        config_defaults: defaults(serde_json::json!({
+            "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "rope_interleave": true, "attention_bias": false,
+        })),
+        ..base
+    }
+}
+
 /// Every preset, in the order errors list them.
-pub fn all() -> [DecoderSpec; 4] {
-    [llama(), qwen2(), qwen3(), gemma3_text()]
+pub fn all() -> [DecoderSpec; 5] {
+    [llama(), qwen2(), qwen3(), gemma3_text(), youtu()]
 }
 
 /// The preset that reads `model_type`.

@@ -171,6 +171,14 @@ pub enum AttentionKind {
     /// M-RoPE when `mrope_section` is given); the cache holds each layer's
     /// keys and values.
     GroupedQuery,
+    /// Multi-head latent attention (DeepSeek-V2's, Youtu-LLM's): queries through an optional
+    /// low-rank projection (`q_lora_rank`), keys and values through one shared latent of
+    /// `kv_lora_rank` values plus one rotary key of `qk_rope_head_dim` shared by every head
+    /// (`kv_a_proj_with_mqa`), each head's no-rope key and value projected from the latent
+    /// (`kv_b_proj`); `rope_interleave` rotates adjacent pairs. The cache holds each layer's
+    /// normed latent and rotated key, one row of `kv_lora_rank + qk_rope_head_dim` values per
+    /// position, never the expanded keys and values.
+    MultiHeadLatent,
 }
 
 /// What a q/k RMSNorm normalizes over.

@@ -370,6 +370,17 @@ pub enum LayerTensor {
     QkvBias,
     /// The fused projection holding the up rows, then the gate rows (Molmo layout).
     UpGate,
+    /// Multi-head latent attention: the queries' low-rank projection, its norm, and the
+    /// projection up to every head's query.
+    QA,
+    QANorm,
+    QB,
+    /// Multi-head latent attention: the projection to the latent and the shared rotary key,
+    /// the latent's norm, and the projection of the latent to every head's no-rope key and
+    /// value (per head, the key rows then the value rows).
+    KvA,
+    KvANorm,
+    KvB,
 }
 
 impl LayerTensor {
@@ -394,7 +405,7 @@ impl LayerTensor {
                 MlpInNorm | MlpOutNorm => Some("ff_norm.weight"),
                 UpGate => pick("ff_proj.weight", "mlp.ff_proj.weight"),
                 Down => pick("ff_out.weight", "mlp.ff_out.weight"),
-                Q | K | V | QBias | KBias | VBias | Gate | Up => None,
+                Q | K | V | QBias | KBias | VBias | Gate | Up | QA | QANorm | QB | KvA | KvANorm | KvB => None,
             };
         }
         Some(match self {
@@ -415,6 +426,12 @@ impl LayerTensor {
             Gate => "mlp.gate_proj.weight",
             Up => "mlp.up_proj.weight",
             Down => "mlp.down_proj.weight",
+            QA => "self_attn.q_a_proj.weight",
+            QANorm => "self_attn.q_a_layernorm.weight",
+            QB => "self_attn.q_b_proj.weight",
+            KvA => "self_attn.kv_a_proj_with_mqa.weight",
+            KvANorm => "self_attn.kv_a_layernorm.weight",
+            KvB => "self_attn.kv_b_proj.weight",
             Qkv | QkvBias | UpGate => return None,
         })
     }
