@@ -649,7 +649,7 @@ pub(crate) fn contract_input(
         .iter()
         .map(|rows| HostTensor::from_slice(vec![n, hidden], rows))
         .collect::<Result<Vec<_>, _>>()?;
-    let extras = Extras { bidirectional: bidirectional(contract)?, injections };
+    let extras = Extras { bidirectional: bidirectional(contract)?, injections, row_tokens: ids.to_vec() };
     Ok((embeddings, positions(&contract.positions, n)?, extras))
 }
 

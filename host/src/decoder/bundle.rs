@@ -414,6 +414,15 @@ impl Decoder {
                 )));
             }
         }
+        if self.config.per_layer_inputs.is_some() {
+            if extras.row_tokens.len() != n {
+                return Err(DecoderError::Extras(format!(
+                    "{} row token ids for {n} embeddings; this decoder's per-layer inputs need one per row",
+                    extras.row_tokens.len()
+                )));
+            }
+            self.check_tokens(&extras.row_tokens)?;
+        }
         let mut runs: Vec<Range<usize>> = extras.bidirectional.iter().flatten().cloned().collect();
         runs.sort_by_key(|b| b.start);
         for (i, b) in runs.iter().enumerate() {
@@ -662,6 +671,13 @@ impl Decoder {
             {
                 args.push(self.injection_chunk(x, extras, start, real)?);
             }
+            if let Prefill::Embeddings(_, extras) = input
+                && self.config.per_layer_inputs.is_some()
+            {
+                let mut part: Vec<i32> = extras.row_tokens[start..start + real].iter().map(|&t| t as i32).collect();
+                part.resize(chunk, 0);
+                args.push(HostTensor::from_slice(vec![chunk], &part)?);
+            }
             let function = match input {
                 Prefill::Tokens(_) => "decoder.prefill_tokens",
                 Prefill::Embeddings(..) => "decoder.prefill_embeddings",
@@ -825,6 +841,10 @@ pub struct Extras {
     /// that layer (zeros on rows without features). Empty, or exactly the
     /// decoder's `injected_layers` tensors.
     pub injections: Vec<HostTensor>,
+    /// Each row's token id (the expanded prompt, media placeholders included), for a decoder
+    /// whose layers read per-layer token embeddings (Gemma 3n's per-layer inputs); it must
+    /// then hold one id per row. Ignored by other decoders.
+    pub row_tokens: Vec<u32>,
 }
 
 /// The checkpoint's tensors as the resolver reads them.

@@ -50,7 +50,14 @@ fn golden(name: &str, variant: &str) -> Golden {
     let input_ids = ids("input_ids");
     let n = input_ids.len();
     let mut extras = Extras::default();
-    if let Ok(tt) = st.tensor("token_type_ids") {
+    // Media rows see each other both ways only where the reference's full-attention mask lets a
+    // row see a later one (Gemma 3's images; Gemma 3n's audio rows carry token types too, and
+    // stay causal).
+    let bidirectional = st.tensor("attention_mask.full_attention").is_ok_and(|m| {
+        let side = m.shape()[0];
+        m.data().iter().enumerate().any(|(i, &v)| v != 0 && i % side > i / side)
+    });
+    if let Some(tt) = st.tensor("token_type_ids").ok().filter(|_| bidirectional) {
         let image: Vec<bool> = tt.data().chunks_exact(8).map(|c| c.iter().any(|&b| b != 0)).collect();
         let mut start = None;
         for (i, &is_image) in image.iter().chain([&false]).enumerate() {
@@ -84,6 +91,7 @@ fn golden(name: &str, variant: &str) -> Golden {
         assert!(next.next().is_none(), "as many feature rows as image tokens");
         extras.injections.push(mlxcel_shim::HostTensor::from_slice(vec![n, hidden], &dense).expect("injection"));
     }
+    extras.row_tokens = input_ids.clone();
     Golden {
         extras,
         input_ids,
@@ -217,6 +225,16 @@ fn qwen3_matches_transformers() {
     check_parity("qwen3", &["short", "long"], From::Tokens);
 }
 
+/// Gemma 3n's language model (AltUp streams, LAuReL, per-layer inputs, KV sharing, activation
+/// sparsity, the final soft cap) against transformers: from its tokens, and from transformers'
+/// merged embeddings with audio features in place and each row's token id for the per-layer
+/// inputs.
+#[test]
+fn gemma3n_decoder_matches_transformers() {
+    check_parity("gemma3n", &["text_only"], From::Tokens);
+    check_parity("gemma3n", &["text_only", "audio", "two_audios", "long"], From::Embeddings);
+}
+
 /// Multi-head latent attention (Youtu-LLM) against transformers, which expands every cached
 /// latent into keys and values, and Youtu-VL's language model against mlx-vlm, which absorbs
 /// the projections for short queries as the graph always does, fed mlx-vlm's merged
@@ -225,6 +243,17 @@ fn qwen3_matches_transformers() {
 fn latent_attention_matches_transformers_and_mlx_vlm() {
     check_parity("youtu", &["short", "long"], From::Tokens);
     check_parity("youtu_vl", &["text_only", "image", "two_images", "long"], From::Embeddings);
+
+    // The cache holds one row per position and layer: the latent and the shared rotated key
+    // (16 + 8 values), not 4 heads of keys and values (4 x (24 + 16)).
+    let mut dec = load("youtu", SHAPE);
+    let layout = dec.kv_layout();
+    assert_eq!((layout.layers, layout.planes, layout.row.as_slice()), (2, 1, &[1, 24][..]));
+    let g = golden("youtu", "short");
+    dec.prefill_tokens(0, &g.input_ids, Logits::Last).expect("prefill");
+    let kv = dec.kv_slot(0).expect("kv slot");
+    assert_eq!(kv.len(), 2 * g.input_ids.len() * 24);
+    assert!(kv.iter().all(|v| v.is_finite()) && kv.iter().any(|&v| v != 0.0));
 }
 
 /// The VLM checkpoints' decoders, fed the reference's merged embeddings and
@@ -651,7 +680,8 @@ fn head(dec: &Decoder, g: &Golden, m: usize) -> (mlxcel_shim::HostTensor, Positi
             mlxcel_shim::HostTensor::from_slice(vec![m, hidden], &rows[..m * hidden]).expect("injection")
         })
         .collect();
-    (x, positions, Extras { bidirectional, injections })
+    let row_tokens = g.extras.row_tokens.iter().take(m).copied().collect();
+    (x, positions, Extras { bidirectional, injections, row_tokens })
 }
 
 /// The prefix cache's and the interleaved prefill's primitive: a slot that held an earlier

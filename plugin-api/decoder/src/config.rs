@@ -92,10 +92,18 @@ enum RawRopeParameters {
     Flat(RawRope),
 }
 
+/// `intermediate_size`: one width for every layer, or one per layer (Gemma 3n's).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum RawIntermediate {
+    One(usize),
+    PerLayer(Vec<usize>),
+}
+
 #[derive(Clone, Debug, Deserialize)]
 struct RawConfig {
     hidden_size: usize,
-    intermediate_size: usize,
+    intermediate_size: RawIntermediate,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
@@ -140,6 +148,36 @@ struct RawConfig {
     rope_interleave: Option<bool>,
     /// Derived by transformers (`qk_nope_head_dim + qk_rope_head_dim`) and saved beside them.
     qk_head_dim: Option<usize>,
+    /// The augmentations' sizes ([`crate::spec::Augmentations`]).
+    altup_num_inputs: Option<usize>,
+    altup_active_idx: Option<usize>,
+    altup_correct_scale: Option<bool>,
+    laurel_rank: Option<usize>,
+    hidden_size_per_layer_input: Option<usize>,
+    vocab_size_per_layer_input: Option<usize>,
+    num_kv_shared_layers: Option<usize>,
+    activation_sparsity_pattern: Option<Vec<f64>>,
+}
+
+/// AltUp's streams ([`crate::spec::Augmentations::altup`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AltUp {
+    /// Streams, the active one included.
+    pub inputs: usize,
+    /// The stream the layers run on.
+    pub active: usize,
+    /// The active stream's correction is scaled by `correct_output_scale` before it gates the
+    /// per-layer input.
+    pub correct_scale: bool,
+}
+
+/// Per-layer inputs ([`crate::spec::Augmentations::per_layer_inputs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerLayerInputs {
+    /// Values per layer and row.
+    pub hidden: usize,
+    /// Rows of the per-layer token table; larger token ids read row 0.
+    pub vocab: usize,
 }
 
 /// Multi-head latent attention's sizes ([`crate::spec::AttentionKind::MultiHeadLatent`]).
@@ -254,6 +292,19 @@ pub struct TextConfig {
     /// Multi-head latent attention's sizes; `None` for grouped-query attention. With it,
     /// `head_dim` is the rotary width (`qk_rope_head_dim`, as transformers sets it).
     pub mla: Option<Mla>,
+    /// Each layer's MLP width (`intermediate` is the first's).
+    pub intermediates: Vec<usize>,
+    /// A scaleless RMSNorm on values.
+    pub v_norm: bool,
+    pub altup: Option<AltUp>,
+    /// LAuReL's rank.
+    pub laurel_rank: Option<usize>,
+    pub per_layer_inputs: Option<PerLayerInputs>,
+    /// Per layer: the earlier layer whose keys and values it attends over instead of its own
+    /// (KV sharing); `None` for a layer that computes and caches its own.
+    pub kv_source: Vec<Option<usize>>,
+    /// Per layer: the activation sparsity target (0: dense).
+    pub sparsity: Vec<f64>,
 }
 
 /// Why a config cannot be served.
@@ -292,6 +343,101 @@ fn parse_rope(r: &RawRope, fallback_theta: Option<f64>) -> Result<Rope, String> 
         other => return Err(format!("rope_type {other:?} is not implemented (default, linear, llama3)")),
     };
     Ok(Rope { theta, scaling })
+}
+
+/// The augmentations a config sizes, as read with a spec.
+struct Augmented {
+    altup: Option<AltUp>,
+    laurel_rank: Option<usize>,
+    per_layer_inputs: Option<PerLayerInputs>,
+    kv_source: Vec<Option<usize>>,
+    sparsity: Vec<f64>,
+}
+
+/// The spec's augmentations with their sizes from `raw`; a size given for one the spec does
+/// not have is refused, as is a size the graph cannot use.
+fn augmentations(raw: &RawConfig, spec: &DecoderSpec, kinds: &[LayerKind]) -> Result<Augmented, String> {
+    let a = spec.augmentations;
+    let layers = raw.num_hidden_layers;
+    let unused = [
+        ("altup_num_inputs", !a.altup && raw.altup_num_inputs.is_some()),
+        ("altup_active_idx", !a.altup && raw.altup_active_idx.is_some()),
+        ("laurel_rank", !a.laurel && raw.laurel_rank.is_some()),
+        ("hidden_size_per_layer_input", !a.per_layer_inputs && raw.hidden_size_per_layer_input.is_some()),
+        ("num_kv_shared_layers", !a.kv_sharing && raw.num_kv_shared_layers.is_some_and(|n| n > 0)),
+        (
+            "activation_sparsity_pattern",
+            !a.activation_sparsity
+                && raw.activation_sparsity_pattern.as_ref().is_some_and(|p| p.iter().any(|&s| s != 0.0)),
+        ),
+    ];
+    if let Some((field, _)) = unused.iter().find(|(_, refused)| *refused) {
+        return Err(format!("`{field}` is not implemented for {}", spec.name));
+    }
+    if (a.laurel || a.per_layer_inputs) && !a.altup {
+        return Err(format!("{}: LAuReL and per-layer inputs are implemented inside AltUp layers only", spec.name));
+    }
+    let positive = |v: Option<usize>, field: &str| match v {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!("{} needs a positive `{field}`", spec.name)),
+    };
+    let altup = match a.altup {
+        false => None,
+        true => {
+            let inputs = positive(raw.altup_num_inputs, "altup_num_inputs")?;
+            let active = raw.altup_active_idx.ok_or_else(|| format!("{} needs `altup_active_idx`", spec.name))?;
+            if active >= inputs {
+                return Err(format!("altup_active_idx {active} is not one of {inputs} streams"));
+            }
+            // The per-layer input is added to streams 1.. (transformers' `corrected[1:]`), which
+            // are the inactive ones only when stream 0 is active.
+            if active != 0 {
+                return Err(format!("altup_active_idx {active} is not implemented (0 is)"));
+            }
+            let correct_scale =
+                raw.altup_correct_scale.ok_or_else(|| format!("{} needs `altup_correct_scale`", spec.name))?;
+            Some(AltUp { inputs, active, correct_scale })
+        }
+    };
+    let laurel_rank = a.laurel.then(|| positive(raw.laurel_rank, "laurel_rank")).transpose()?;
+    let per_layer_inputs = match a.per_layer_inputs {
+        false => None,
+        true => Some(PerLayerInputs {
+            hidden: positive(raw.hidden_size_per_layer_input, "hidden_size_per_layer_input")?,
+            vocab: positive(raw.vocab_size_per_layer_input, "vocab_size_per_layer_input")?,
+        }),
+    };
+    // As transformers' `kv_sharing_modes`: the last `n` layers reuse the cache of the last
+    // earlier layer of their kind.
+    let shared = if a.kv_sharing { raw.num_kv_shared_layers.unwrap_or(0) } else { 0 };
+    if shared >= layers && shared > 0 {
+        return Err(format!("num_kv_shared_layers {shared} leaves no layer to compute keys and values"));
+    }
+    let first_shared = layers - shared;
+    let mut kv_source = vec![None; layers];
+    for (l, source) in kv_source.iter_mut().enumerate().skip(first_shared) {
+        let producer = (0..first_shared).rev().find(|&p| kinds[p] == kinds[l]).ok_or_else(|| {
+            format!(
+                "layer {l} shares keys and values of its kind ({}), which no earlier layer computes",
+                kinds[l].hf_name()
+            )
+        })?;
+        *source = Some(producer);
+    }
+    // transformers' default: the first 10 layers at 0.95 when there are more than 10.
+    let sparsity = match (&raw.activation_sparsity_pattern, a.activation_sparsity) {
+        (_, false) => vec![0.0; layers],
+        (Some(p), true) if p.len() == layers => p.clone(),
+        (Some(p), true) => return Err(format!("{} activation sparsity targets for {layers} layers", p.len())),
+        (None, true) => {
+            let sparse = if layers > 10 { 10 } else { 0 };
+            (0..layers).map(|i| if i < sparse { 0.95 } else { 0.0 }).collect()
+        }
+    };
+    if let Some(s) = sparsity.iter().find(|s| !(0.0..1.0).contains(*s)) {
+        return Err(format!("activation sparsity target {s} is not in [0, 1)"));
+    }
+    Ok(Augmented { altup, laurel_rank, per_layer_inputs, kv_source, sparsity })
 }
 
 /// Multi-head latent attention's sizes from `raw`, refusing what the graph does not implement.
@@ -475,6 +621,7 @@ impl TextConfig {
         if layer_kinds.len() != raw.num_hidden_layers {
             return Err(invalid(format!("{} layer_types for {} layers", layer_kinds.len(), raw.num_hidden_layers)));
         }
+        let aug = augmentations(&raw, &preset, &layer_kinds).map_err(invalid)?;
         let sliding = layer_kinds.contains(&LayerKind::Sliding);
         if sliding && !attention.sliding_layers {
             return Err(invalid("sliding_attention layers are not implemented for this decoder".into()));
@@ -584,6 +731,7 @@ impl TextConfig {
                 return Err(invalid(format!("{} needs query_pre_attn_scalar", preset.name)));
             }
             // MLA's scores are over the query head, the no-rope and rotated parts together.
+            (AttnScale::One, _) => 1.0,
             (AttnScale::InverseSqrtHeadDim, _) => match &mla {
                 Some(m) => (m.q_head_dim() as f64).powf(-0.5),
                 None => (head_dim as f64).powf(-0.5),
@@ -609,16 +757,30 @@ impl TextConfig {
             // The tied head would be the stacked table, predicting the additional rows too.
             return Err(invalid(format!("tie_word_embeddings is not implemented for {}", preset.name)));
         }
-        let intermediate = match preset.intermediate_counts_fused {
-            true if !raw.intermediate_size.is_multiple_of(2) => {
+        let intermediates = match &raw.intermediate_size {
+            RawIntermediate::One(i) => vec![*i; raw.num_hidden_layers],
+            RawIntermediate::PerLayer(sizes) if sizes.len() == raw.num_hidden_layers && !sizes.is_empty() => {
+                sizes.clone()
+            }
+            RawIntermediate::PerLayer(sizes) => {
                 return Err(invalid(format!(
-                    "intermediate_size {} counts the fused up and gate rows for {}, and is odd",
-                    raw.intermediate_size, preset.name
+                    "{} intermediate sizes for {} layers",
+                    sizes.len(),
+                    raw.num_hidden_layers
                 )));
             }
-            true => raw.intermediate_size / 2,
-            false => raw.intermediate_size,
         };
+        let intermediates = match preset.intermediate_counts_fused {
+            true if intermediates.iter().any(|i| !i.is_multiple_of(2)) => {
+                return Err(invalid(format!(
+                    "intermediate_size {} counts the fused up and gate rows for {}, and is odd",
+                    intermediates[0], preset.name
+                )));
+            }
+            true => intermediates.iter().map(|i| i / 2).collect(),
+            false => intermediates,
+        };
+        let intermediate = intermediates[0];
         Ok(TextConfig {
             hidden: raw.hidden_size,
             intermediate,
@@ -651,6 +813,13 @@ impl TextConfig {
             final_softcap,
             quantization,
             mla,
+            intermediates,
+            v_norm: attention.v_norm,
+            altup: aug.altup,
+            laurel_rank: aug.laurel_rank,
+            per_layer_inputs: aug.per_layer_inputs,
+            kv_source: aug.kv_source,
+            sparsity: aug.sparsity,
             spec: preset,
         })
     }
@@ -659,6 +828,18 @@ impl TextConfig {
     /// past this has no embedding.
     pub fn table_rows(&self) -> usize {
         self.vocab + self.extra_vocab
+    }
+
+    /// The layers that compute and cache keys and values, in order (every layer unless some
+    /// share): a layer's cache layer is its index here.
+    pub fn cached_layers(&self) -> Vec<usize> {
+        (0..self.layers).filter(|&l| self.kv_source[l].is_none()).collect()
+    }
+
+    /// The cache layer layer `l` reads: its own, or its KV source's.
+    pub fn cache_layer(&self, l: usize) -> usize {
+        let owner = self.kv_source[l].unwrap_or(l);
+        self.kv_source[..owner].iter().filter(|s| s.is_none()).count()
     }
 
     /// The attention kinds in use, in mask order.
@@ -869,6 +1050,40 @@ mod tests {
         let gqa = config("llama", serde_json::json!({"kv_lora_rank": 16}));
         let err = TextConfig::parse(&gqa).expect_err("llama has no latent attention");
         assert!(err.to_string().contains("`kv_lora_rank` is multi-head latent attention's"), "{err}");
+    }
+
+    /// Gemma 3n's augmentations read their sizes: the KV-sharing layers point at the last
+    /// earlier layer of their kind and own no cache layer; transformers' default sparsity applies
+    /// when the config gives none; a spec without the augmentations refuses their sizes.
+    #[test]
+    fn augmentations_read_their_sizes_and_other_specs_refuse_them() {
+        let text = fixture_config("gemma3n")["text_config"].clone();
+        let c = TextConfig::parse(&text.to_string()).expect("gemma3n_text");
+        assert_eq!(c.altup, Some(AltUp { inputs: 2, active: 0, correct_scale: true }));
+        assert_eq!((c.laurel_rank, c.per_layer_inputs), (Some(8), Some(PerLayerInputs { hidden: 8, vocab: 392 })));
+        // sliding, full, sliding, full; the last two share.
+        assert_eq!(c.kv_source, [None, None, Some(0), Some(1)]);
+        assert_eq!((c.cached_layers(), c.cache_layer(2), c.cache_layer(3)), (vec![0, 1], 0, 1));
+        assert_eq!(c.sparsity, [0.95, 0.0, 0.0, 0.0]);
+        assert_eq!((c.attn_scale, c.v_norm, c.final_softcap), (1.0, true, Some(30.0)));
+
+        let mut deep = text.clone();
+        deep["num_hidden_layers"] = 12.into();
+        drop(&mut deep, &["layer_types", "activation_sparsity_pattern", "intermediate_size"]);
+        deep["intermediate_size"] = 128.into();
+        let c = TextConfig::parse(&deep.to_string()).expect("defaults");
+        assert_eq!(c.sparsity.iter().filter(|&&s| s == 0.95).count(), 10);
+        assert_eq!(c.layer_kinds.iter().filter(|&&k| k == LayerKind::Full).count(), 2, "every fifth is full");
+        assert_eq!(c.intermediates, vec![128; 12]);
+
+        let mut odd = text.clone();
+        odd["altup_active_idx"] = 1.into();
+        assert!(TextConfig::parse(&odd.to_string()).is_err(), "only stream 0 active is implemented");
+        let mut short = text.clone();
+        short["intermediate_size"] = serde_json::json!([128, 128]);
+        assert!(TextConfig::parse(&short.to_string()).is_err(), "one width per layer");
+        let err = TextConfig::parse(&config("llama", serde_json::json!({"laurel_rank": 8}))).expect_err("llama");
+        assert!(err.to_string().contains("`laurel_rank` is not implemented for llama"), "{err}");
     }
 
     #[test]

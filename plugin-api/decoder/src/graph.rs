@@ -61,7 +61,7 @@ impl BundleShape {
 /// The decoder ABI's version: the exports below, their arguments and results. Part of the
 /// plugin ABI (a plugin's spec is emitted through it) and of every bundle's compile-cache
 /// fingerprint; bumped whenever an export changes.
-pub const DECODER_ABI: u32 = 3;
+pub const DECODER_ABI: u32 = 4;
 
 /// One export of a decoder bundle: its name and, in order, what its arguments and results are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub const EXPORTS: [Export; 7] = [
     },
     Export {
         name: "prefill_embeddings",
-        args: &["x[T,H]", "pos[T|3,T]", "masks[K,T,C]", "slot", "start", "injections[J,T,H]?"],
+        args: &["x[T,H]", "pos[T|3,T]", "masks[K,T,C]", "slot", "start", "injections[J,T,H]?", "tokens[T]?"],
         results: &["hidden[T,H]"],
     },
     Export { name: "logits", args: &["hidden[T,H]"], results: &["logits[T,V]"] },
@@ -122,7 +122,11 @@ impl KvLayout {
     pub fn of(cfg: &TextConfig, elem: Elem) -> Self {
         match &cfg.mla {
             // Grouped-query attention caches each layer's keys and values.
-            None => KvLayout { layers: cfg.layers, planes: 2, row: vec![cfg.kv_heads, cfg.head_dim], elem },
+            // Grouped-query attention caches the keys and values of each layer that computes
+            // them (a KV-sharing layer reads an earlier layer's).
+            None => {
+                KvLayout { layers: cfg.cached_layers().len(), planes: 2, row: vec![cfg.kv_heads, cfg.head_dim], elem }
+            }
             // Latent attention caches one row per position: the normed latent, then the
             // rotated key every head shares (read as one key head of that width).
             Some(m) => KvLayout { layers: cfg.layers, planes: 1, row: vec![1, m.cache_row()], elem },
@@ -198,8 +202,21 @@ enum LoadedLin {
 /// The q, k and v projections: three matrices, or one holding their rows in that order.
 #[allow(clippy::large_enum_variant)] // one per layer, built once: boxing buys nothing
 enum Qkv {
-    Separate { q: Lin, k: Lin, v: Lin, bias: Option<[Global; 3]> },
-    Fused { qkv: Lin, bias: Option<Global> },
+    Separate {
+        q: Lin,
+        k: Lin,
+        v: Lin,
+        bias: Option<[Global; 3]>,
+    },
+    Fused {
+        qkv: Lin,
+        bias: Option<Global>,
+    },
+    /// A KV-sharing layer's: queries only.
+    QueryOnly {
+        q: Lin,
+        bias: Option<Global>,
+    },
 }
 
 /// The gated MLP's input projections: two matrices, or one holding the up rows then the
@@ -212,7 +229,7 @@ enum GateUp {
 /// How a layer's attention reads its input, by the spec's attention kind.
 #[allow(clippy::large_enum_variant)] // one per layer, built once: boxing buys nothing
 enum AttnWeights {
-    GroupedQuery { qkv: Qkv, qk_norm: Option<[Global; 2]> },
+    GroupedQuery { qkv: Qkv, q_norm: Option<Global>, k_norm: Option<Global> },
     Latent(LatentWeights),
 }
 
@@ -247,6 +264,35 @@ struct Layer {
     post_mlp: Option<Global>,
     gate_up: GateUp,
     down: Lin,
+    /// The MLP's width.
+    intermediate: usize,
+    /// AltUp's, LAuReL's and the per-layer input's weights, when the spec has them.
+    aug: Option<LayerAug>,
+}
+
+/// One layer's augmentation weights ([`crate::spec::Augmentations`]).
+struct LayerAug {
+    /// `correct_output_scale [H]`, when the config scales the active stream's correction.
+    correct_scale: Option<Global>,
+    /// `[n, n]`, `[n * n, n]`, `[n, H]`, `[H]`.
+    correction: Global,
+    prediction: Global,
+    router: Global,
+    router_norm: Global,
+    /// `linear_left [r, H]`, `linear_right [H, r]`, `post_laurel_norm [H]`.
+    laurel: Option<(Lin, Lin, Global)>,
+    /// `per_layer_input_gate [p, H]`, `per_layer_projection [H, p]`, `post_per_layer_input_norm [H]`.
+    per_layer: Option<(Lin, Lin, Global)>,
+}
+
+/// The model-level augmentation weights.
+struct ModelAug {
+    /// The per-layer token table `[vocab, L * p]`, the embeddings' projection `[L * p, H]`, its
+    /// norm `[p]`.
+    per_layer: Option<(Global, Lin, Global)>,
+    /// Per extra stream: the projection from the embeddings and the one back.
+    streams_in: Vec<Lin>,
+    streams_out: Vec<Lin>,
 }
 
 struct Weights {
@@ -260,6 +306,7 @@ struct Weights {
     layers: Vec<Layer>,
     norm: Global,
     lm_head: Lin,
+    aug: Option<ModelAug>,
 }
 
 /// Which cache slots the rows of a call use.
@@ -378,6 +425,7 @@ pub fn emit_bundle(
         let l =
             |m: &mut Module, t: LayerTensor, out: usize, inputs: usize| lin(m, key(Tensor::Layer(i, t)), out, inputs);
         let ln1 = (!cfg.post_norms).then(|| n(&mut m, L::AttnInNorm, &[h]));
+        let width = cfg.intermediates[i];
         let (attn, o_inputs) = match &cfg.mla {
             Some(mla) => {
                 let q_rows = cfg.heads * mla.q_head_dim();
@@ -399,7 +447,13 @@ pub fn emit_bundle(
             }
             None => {
                 let rows = (cfg.heads + 2 * cfg.kv_heads) * d;
-                let qkv = if fused {
+                let shares = cfg.kv_source[i].is_some();
+                let qkv = if shares {
+                    Qkv::QueryOnly {
+                        q: l(&mut m, L::Q, cfg.heads * d, h),
+                        bias: cfg.qkv_bias.then(|| n(&mut m, L::QBias, &[cfg.heads * d])),
+                    }
+                } else if fused {
                     Qkv::Fused {
                         qkv: l(&mut m, L::Qkv, rows, h),
                         bias: cfg.qkv_bias.then(|| n(&mut m, L::QkvBias, &[rows])),
@@ -418,11 +472,10 @@ pub fn emit_bundle(
                         }),
                     }
                 };
-                let qk_norm = cfg.qk_norm.then(|| {
-                    let (q, k) = if cfg.qk_norm_whole { (cfg.heads * d, cfg.kv_heads * d) } else { (d, d) };
-                    [n(&mut m, L::QNorm, &[q]), n(&mut m, L::KNorm, &[k])]
-                });
-                (AttnWeights::GroupedQuery { qkv, qk_norm }, cfg.heads * d)
+                let (qn, kn) = if cfg.qk_norm_whole { (cfg.heads * d, cfg.kv_heads * d) } else { (d, d) };
+                let q_norm = cfg.qk_norm.then(|| n(&mut m, L::QNorm, &[qn]));
+                let k_norm = (cfg.qk_norm && !shares).then(|| n(&mut m, L::KNorm, &[kn]));
+                (AttnWeights::GroupedQuery { qkv, q_norm, k_norm }, cfg.heads * d)
             }
         };
         layers.push(Layer {
@@ -433,14 +486,37 @@ pub fn emit_bundle(
             ln2: (!cfg.post_norms).then(|| n(&mut m, L::MlpInNorm, &[h])),
             post_mlp: (cfg.sandwich_norms || cfg.post_norms).then(|| n(&mut m, L::MlpOutNorm, &[h])),
             gate_up: if fused {
-                GateUp::Fused(l(&mut m, L::UpGate, 2 * cfg.intermediate, h))
+                GateUp::Fused(l(&mut m, L::UpGate, 2 * width, h))
             } else {
-                GateUp::Separate {
-                    gate: l(&mut m, L::Gate, cfg.intermediate, h),
-                    up: l(&mut m, L::Up, cfg.intermediate, h),
-                }
+                GateUp::Separate { gate: l(&mut m, L::Gate, width, h), up: l(&mut m, L::Up, width, h) }
             },
-            down: l(&mut m, L::Down, h, cfg.intermediate),
+            down: l(&mut m, L::Down, h, width),
+            intermediate: width,
+            aug: cfg.altup.map(|a| {
+                let streams = a.inputs;
+                LayerAug {
+                    correct_scale: a.correct_scale.then(|| n(&mut m, L::AltUpCorrectScale, &[h])),
+                    correction: n(&mut m, L::AltUpCorrection, &[streams, streams]),
+                    prediction: n(&mut m, L::AltUpPrediction, &[streams * streams, streams]),
+                    router: n(&mut m, L::AltUpRouter, &[streams, h]),
+                    router_norm: n(&mut m, L::AltUpRouterNorm, &[h]),
+                    laurel: cfg.laurel_rank.map(|r| {
+                        (
+                            l(&mut m, L::LaurelLeft, r, h),
+                            l(&mut m, L::LaurelRight, h, r),
+                            n(&mut m, L::LaurelNorm, &[h]),
+                        )
+                    }),
+                    per_layer: cfg.per_layer_inputs.map(|p| {
+                        let ph = p.hidden;
+                        (
+                            l(&mut m, L::PerLayerGate, ph, h),
+                            l(&mut m, L::PerLayerProjection, h, ph),
+                            n(&mut m, L::PerLayerNorm, &[h]),
+                        )
+                    }),
+                }
+            }),
         });
     }
     let norm = p(&mut m, key(Tensor::Norm), &[h]);
@@ -451,7 +527,28 @@ pub fn emit_bundle(
     let kv = KvLayout::of(cfg, contract.activations);
     let cache_ty = Type::new(kv.elem, &kv.global(shape));
     let cache = m.state("kv", cache_ty, 0.0);
-    let e = Emitter { cfg, shape, c: contract, w: Weights { embed, embed_extra, split, layers, norm, lm_head }, cache };
+    let aug = cfg.altup.map(|a| {
+        let global = |m: &mut Module, t: Tensor, shape: &[usize]| p(m, key(t), shape);
+        ModelAug {
+            per_layer: cfg.per_layer_inputs.map(|pl| {
+                let width = cfg.layers * pl.hidden;
+                (
+                    global(&mut m, Tensor::PerLayerEmbed, &[pl.vocab, width]),
+                    lin(&mut m, key(Tensor::PerLayerProjection), width, h),
+                    global(&mut m, Tensor::PerLayerProjectionNorm, &[pl.hidden]),
+                )
+            }),
+            streams_in: (0..a.inputs - 1).map(|i| lin(&mut m, key(Tensor::AltUpIn(i)), h, h)).collect(),
+            streams_out: (0..a.inputs - 1).map(|i| lin(&mut m, key(Tensor::AltUpOut(i)), h, h)).collect(),
+        }
+    });
+    let e = Emitter {
+        cfg,
+        shape,
+        c: contract,
+        w: Weights { embed, embed_extra, split, layers, norm, lm_head, aug },
+        cache,
+    };
 
     let (t, cap, s) = (shape.chunk, shape.rows(), shape.slots);
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
@@ -469,21 +566,27 @@ pub fn emit_bundle(
 
     // prefill_embeddings
     // (with injected layers: a further `injections[K, T, H]` added after layers 0..K)
+    // (with per-layer inputs: a further `tokens[T]`, the rows' ids)
     let mut args = vec![contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()];
     if cfg.injected_layers > 0 {
         args.push(contract.act(&[cfg.injected_layers, t, h]));
     }
+    if cfg.per_layer_inputs.is_some() {
+        args.push(i32s(t));
+    }
     let (mut f, a) = m.func("prefill_embeddings", &args);
     let x = f.reshape(&a[0], &[1, t, h]);
-    let injections = a.get(5).cloned();
-    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], injections);
+    let injections = (cfg.injected_layers > 0).then(|| a[5].clone());
+    let row_tokens = cfg.per_layer_inputs.is_some().then(|| a[a.len() - 1].clone());
+    let hidden =
+        e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], injections, row_tokens.as_ref());
     m.add_func(f, &[hidden]);
 
     // prefill_tokens
     let (mut f, a) = m.func("prefill_tokens", &[i32s(t), pos_ty(t), mask(t), scalar.clone(), scalar]);
     let x = e.embed(&mut f, &a[0]);
     let x = f.reshape(&x, &[1, t, h]);
-    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None);
+    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
     m.add_func(f, &[hidden]);
 
     // logits: the head over every row of a prefill's hidden state.
@@ -519,7 +622,7 @@ pub fn emit_bundle(
             f.reshape(&one, &[])
         })
         .collect();
-    let hidden = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None);
+    let hidden = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None, Some(&a[0]));
     let logits = e.head(&mut f, &hidden);
     m.add_func(f, &[logits]);
 
@@ -627,6 +730,7 @@ impl Emitter<'_> {
         slots: Slots,
         writes: &[Value],
         injections: Option<Value>,
+        tokens: Option<&Value>,
     ) -> Value {
         let (b, t, h) = (x.shape()[0], x.shape()[1], self.cfg.hidden);
         let cap = self.shape.rows();
@@ -638,26 +742,260 @@ impl Emitter<'_> {
             let m = f.reshape(&m, &[b, t, cap]);
             per_kind.push((kind, cos, sin, m));
         }
-        let mut cache = f.load(&self.cache);
-        let mut x = x.clone();
-        for (l, layer) in self.w.layers.iter().enumerate() {
+        let tables = |l: usize| {
             let kind = self.cfg.layer_kinds[l];
             let (_, cos, sin, mask) =
                 per_kind.iter().find(|(k, ..)| *k == kind).expect("invariant: every layer kind has tables");
-            let (y, updated) = self.layer(f, l, layer, &x, cos, sin, mask, &slots, writes, cache);
-            cache = updated;
-            x = y;
-            // Injections: rows without features get zeros, and x + 0 is x.
-            if let Some(inj) = injections.as_ref().filter(|i| l < i.shape()[0]) {
-                let one = f.slice(inj, &[l, 0, 0], &[l + 1, t, h]);
-                let one = f.reshape(&one, &[b, t, h]);
-                x = f.add(&x, &one);
+            (cos, sin, mask)
+        };
+        let mut cache = f.load(&self.cache);
+        let x = match &self.w.aug {
+            Some(aug) => {
+                let (y, updated) = self.streams(f, aug, x, tokens, &tables, &slots, writes, cache);
+                cache = updated;
+                y
             }
-        }
+            None => {
+                let mut x = x.clone();
+                for (l, layer) in self.w.layers.iter().enumerate() {
+                    let (cos, sin, mask) = tables(l);
+                    let (y, updated) = self.layer(f, l, layer, &x, cos, sin, mask, &slots, writes, cache);
+                    cache = updated;
+                    x = y;
+                    // Injections: rows without features get zeros, and x + 0 is x.
+                    if let Some(inj) = injections.as_ref().filter(|i| l < i.shape()[0]) {
+                        let one = f.slice(inj, &[l, 0, 0], &[l + 1, t, h]);
+                        let one = f.reshape(&one, &[b, t, h]);
+                        x = f.add(&x, &one);
+                    }
+                }
+                x
+            }
+        };
         f.store(&self.cache, &cache);
         let norm = f.load(&self.w.norm);
         let x = self.c.rms_norm(f, &x, &norm, self.cfg.rms_eps, self.cfg.norm_style);
         f.reshape(&x, &[b * t, h])
+    }
+
+    /// The layers over AltUp streams ([`crate::spec::Augmentations`], as transformers' Gemma 3n
+    /// runs them): the streams made from `x [B, T, H]`, each layer's prediction, attention and
+    /// MLP on the active stream with the LAuReL branch, the correction, the per-layer input
+    /// gated into the other streams; at the end the streams projected back and averaged.
+    /// `tokens [B*T]` are the rows' ids, for the per-layer inputs. Returns `[B, T, H]` before
+    /// the final norm, and the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn streams<'t>(
+        &self,
+        f: &mut Func,
+        aug: &ModelAug,
+        x: &Value,
+        tokens: Option<&Value>,
+        tables: &dyn Fn(usize) -> (&'t Value, &'t Value, &'t Value),
+        slots: &Slots,
+        writes: &[Value],
+        cache: Value,
+    ) -> (Value, Value) {
+        let cfg = self.cfg;
+        let c = &self.c;
+        let altup = cfg.altup.expect("invariant: stream weights come from an AltUp config");
+        let per_layer = self.per_layer_inputs(f, aug, x, tokens);
+        let target = self.magnitude(f, x);
+        let mut hs = vec![x.clone()];
+        for proj in &aug.streams_in {
+            let y = self.linear(f, x, proj, None);
+            hs.push(self.rescaled(f, &y, &target));
+        }
+        let mut cache = cache;
+        for (l, layer) in self.w.layers.iter().enumerate() {
+            let w = layer.aug.as_ref().expect("invariant: every layer of an AltUp config has its weights");
+            let (cos, sin, mask) = tables(l);
+            // Predict every stream from all of them.
+            let modalities = self.router(f, w, &hs[altup.active]);
+            let coefs = self.linear(f, &modalities, &Lin::Dense(w.prediction.clone()), None);
+            let n = altup.inputs;
+            let pred: Vec<Value> = (0..n)
+                .map(|i| {
+                    let mut acc: Option<Value> = None;
+                    for (k, stream) in hs.iter().enumerate() {
+                        let coef = self.column(f, &coefs, i * n + k, stream.shape());
+                        let term = f.mul(stream, &coef);
+                        acc = Some(match acc {
+                            Some(a) => f.add(&a, &term),
+                            None => term,
+                        });
+                    }
+                    let acc = acc.expect("invariant: at least one stream");
+                    f.add(&acc, &hs[i])
+                })
+                .collect();
+            let active = &pred[altup.active];
+            let style = cfg.norm_style;
+            let ln1 = f.load(layer.ln1.as_ref().expect("invariant: AltUp layers have sandwich norms"));
+            let normed = c.rms_norm(f, active, &ln1, cfg.rms_eps, style);
+            let (attn, updated) = self.attention(f, l, layer, &normed, cos, sin, mask, slots, writes, cache);
+            cache = updated;
+            let gated = c.residual(f, active, &attn);
+            let mixed = match &w.laurel {
+                Some((left, right, norm)) => {
+                    let y = self.linear(f, &normed, left, None);
+                    let y = self.linear(f, &y, right, None);
+                    let nw = f.load(norm);
+                    let y = c.rms_norm(f, &y, &nw, cfg.rms_eps, style);
+                    let laurel = c.residual(f, &normed, &y);
+                    let sum = f.add(&gated, &laurel);
+                    let root2 = f.splat(sum.ty(), std::f64::consts::SQRT_2);
+                    f.div(&sum, &root2)
+                }
+                None => gated,
+            };
+            let ln2 = f.load(layer.ln2.as_ref().expect("invariant: AltUp layers have sandwich norms"));
+            let mlp_in = c.rms_norm(f, &mixed, &ln2, cfg.rms_eps, style);
+            let mut mlp = self.mlp(f, l, layer, &mlp_in);
+            if let Some(post) = &layer.post_mlp {
+                let pw = f.load(post);
+                mlp = c.rms_norm(f, &mlp, &pw, cfg.rms_eps, style);
+            }
+            let out = c.residual(f, &mixed, &mlp);
+            // Correct every stream by what the layer changed in the active one.
+            let modalities = self.router(f, w, &out);
+            let innovation = f.sub(&out, active);
+            let coefs = self.linear(f, &modalities, &Lin::Dense(w.correction.clone()), None);
+            let one = f.splat(coefs.ty(), 1.0);
+            let coefs = f.add(&coefs, &one);
+            let mut corrected: Vec<Value> = pred
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let coef = self.column(f, &coefs, i, p.shape());
+                    let y = f.mul(&innovation, &coef);
+                    f.add(&y, p)
+                })
+                .collect();
+            if let (Some((gate, proj, norm)), Some(inputs)) = (&w.per_layer, &per_layer) {
+                let mut first = corrected[altup.active].clone();
+                if let Some(scale) = &w.correct_scale {
+                    let sw = f.load(scale);
+                    let sw = f.convert(&sw, c.activations);
+                    let sb = f.broadcast_to(&sw, first.shape());
+                    first = f.mul(&first, &sb);
+                }
+                let g = self.linear(f, &first, gate, None);
+                let g = self.activation(f, &g);
+                let s = inputs.shape().to_vec();
+                let mine = f.slice(inputs, &[0, 0, l, 0], &[s[0], s[1], l + 1, s[3]]);
+                let mine = f.reshape(&mine, &[s[0], s[1], s[3]]);
+                let g = f.mul(&g, &mine);
+                let g = self.linear(f, &g, proj, None);
+                let nw = f.load(norm);
+                let g = c.rms_norm(f, &g, &nw, cfg.rms_eps, style);
+                // transformers adds it to streams 1.. (the inactive ones: the active is 0).
+                for stream in corrected.iter_mut().skip(1) {
+                    *stream = f.add(stream, &g);
+                }
+            }
+            hs = corrected;
+        }
+        // The streams back: each projected and rescaled to the first's magnitude, averaged.
+        let target = self.magnitude(f, &hs[0]);
+        let mut sum = hs[0].clone();
+        for (stream, proj) in hs.iter().skip(1).zip(&aug.streams_out) {
+            let y = self.linear(f, stream, proj, None);
+            let y = self.rescaled(f, &y, &target);
+            sum = f.add(&sum, &y);
+        }
+        let count = f.splat(sum.ty(), hs.len() as f64);
+        (f.div(&sum, &count), cache)
+    }
+
+    /// `sqrt(mean(x^2))` over the last dimension of `x [B, T, H]`: `[B, T]` in the accumulator.
+    fn magnitude(&self, f: &mut Func, x: &Value) -> Value {
+        let xa = f.convert(x, self.c.accumulate);
+        let sq = f.mul(&xa, &xa);
+        let last = x.shape().len() - 1;
+        let sum = f.reduce(&sq, &[last], mlxcel_emit::Reduce::Sum);
+        let n = f.splat(sum.ty(), x.shape()[last] as f64);
+        let mean = f.div(&sum, &n);
+        f.sqrt(&mean)
+    }
+
+    /// `y` rescaled to `target`'s magnitude: `y * target / sqrt(max(mean(y^2), 1e-5))`.
+    fn rescaled(&self, f: &mut Func, y: &Value, target: &Value) -> Value {
+        let ya = f.convert(y, self.c.accumulate);
+        let sq = f.mul(&ya, &ya);
+        let last = y.shape().len() - 1;
+        let sum = f.reduce(&sq, &[last], mlxcel_emit::Reduce::Sum);
+        let n = f.splat(sum.ty(), y.shape()[last] as f64);
+        let mean = f.div(&sum, &n);
+        let floor = f.splat(mean.ty(), 1e-5);
+        let mean = f.max(&mean, &floor);
+        let now = f.sqrt(&mean);
+        let lead: Vec<usize> = (0..last).collect();
+        let tb = f.broadcast(target, y.shape(), &lead);
+        let nb = f.broadcast(&now, y.shape(), &lead);
+        let scaled = f.mul(&ya, &tb);
+        let out = f.div(&scaled, &nb);
+        f.convert(&out, self.c.activations)
+    }
+
+    /// AltUp's router: `tanh(modality_router(router_norm(x) / H))`, `[B, T, streams]`.
+    fn router(&self, f: &mut Func, w: &LayerAug, x: &Value) -> Value {
+        let cfg = self.cfg;
+        let nw = f.load(&w.router_norm);
+        let normed = self.c.rms_norm(f, x, &nw, cfg.rms_eps, cfg.norm_style);
+        let k = f.splat(normed.ty(), (cfg.hidden as f32).recip() as f64);
+        let scaled = f.mul(&normed, &k);
+        let routed = self.linear(f, &scaled, &Lin::Dense(w.router.clone()), None);
+        f.tanh(&routed)
+    }
+
+    /// Column `j` of `m [B, T, K]` broadcast to `shape [B, T, H]`.
+    fn column(&self, f: &mut Func, m: &Value, j: usize, shape: &[usize]) -> Value {
+        let s = m.shape().to_vec();
+        let col = f.slice(m, &[0, 0, j], &[s[0], s[1], j + 1]);
+        let col = f.reshape(&col, &[s[0], s[1]]);
+        f.broadcast(&col, shape, &[0, 1])
+    }
+
+    /// Per-layer inputs `[B, T, layers, p]`: each row's per-layer embeddings (ids outside the
+    /// per-layer table read row 0) scaled by `sqrt(p)`, plus the normed projection of the input
+    /// embeddings scaled by `1/sqrt(H)`, times `1/sqrt(2)`. `None` without per-layer inputs.
+    fn per_layer_inputs(&self, f: &mut Func, aug: &ModelAug, x: &Value, tokens: Option<&Value>) -> Option<Value> {
+        let cfg = self.cfg;
+        let c = &self.c;
+        let (table, proj, norm) = aug.per_layer.as_ref()?;
+        let pl = cfg.per_layer_inputs?;
+        let tokens = tokens.expect("invariant: a decoder with per-layer inputs is given its rows' tokens");
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (layers, p) = (cfg.layers, pl.hidden);
+        let ty = tokens.ty().clone();
+        let limit = f.splat(&ty, pl.vocab as f64);
+        let zero = f.splat(&ty, 0.0);
+        let inside = f.compare(Compare::Lt, tokens, &limit);
+        let ids = f.select(&inside, tokens, &zero);
+        let tw = f.load(table);
+        let rows = f.gather_rows(&tw, &ids);
+        let rows = f.convert(&rows, c.activations);
+        // torch multiplies by the f32 scale cast to the table's dtype.
+        let k = f.constant_f32(&[], &[(p as f64).sqrt() as f32]);
+        let k = f.convert(&k, c.activations);
+        let kb = f.broadcast(&k, rows.shape(), &[]);
+        let rows = f.mul(&rows, &kb);
+        let rows = f.reshape(&rows, &[b, t, layers, p]);
+        let y = self.linear(f, x, proj, None);
+        let k = f.constant_f32(&[], &[(cfg.hidden as f64).powf(-0.5) as f32]);
+        let k = f.convert(&k, c.activations);
+        let kb = f.broadcast(&k, y.shape(), &[]);
+        let y = f.mul(&y, &kb);
+        let y = f.reshape(&y, &[b, t, layers, p]);
+        let nw = f.load(norm);
+        let y = c.rms_norm(f, &y, &nw, cfg.rms_eps, cfg.norm_style);
+        let sum = f.add(&y, &rows);
+        // torch.rsqrt(torch.tensor(2.0)) in f32.
+        let k = f.constant_f32(&[], &[std::f32::consts::FRAC_1_SQRT_2]);
+        let k = f.convert(&k, c.activations);
+        let kb = f.broadcast(&k, sum.shape(), &[]);
+        Some(f.mul(&sum, &kb))
     }
 
     /// The LM head over final-normed rows `[R, H]`: f32 logits `[R, V]`, soft-capped in the
@@ -789,7 +1127,7 @@ impl Emitter<'_> {
         &self,
         f: &mut Func,
         qkv: &Qkv,
-        qk_norm: Option<&[Global; 2]>,
+        (q_norm, k_norm): (Option<&Global>, Option<&Global>),
         hx: &Value,
         (cos, sin): (&Value, &Value),
         mask: &Value,
@@ -802,7 +1140,8 @@ impl Emitter<'_> {
         let g = nh / kvh;
         let c = &self.c;
         let style = cfg.norm_style;
-        let (mut q, mut k, v) = match qkv {
+        // A KV-sharing layer computes queries only, and attends over its source's cache layer.
+        let (mut q, kv) = match qkv {
             Qkv::Separate { q, k, v, bias } => {
                 let bias = |f: &mut Func, i: usize| bias.as_ref().map(|bs| f.load(&bs[i]));
                 let proj = |f: &mut Func, w: &Lin, bi: Option<Value>, heads: usize| {
@@ -814,7 +1153,12 @@ impl Emitter<'_> {
                 let bk = bias(f, 1);
                 let k = proj(f, k, bk, kvh);
                 let bv = bias(f, 2);
-                (q, k, proj(f, v, bv, kvh))
+                (q, Some((k, proj(f, v, bv, kvh))))
+            }
+            Qkv::QueryOnly { q, bias } => {
+                let bias = bias.as_ref().map(|g| f.load(g));
+                let y = self.linear(f, hx, q, bias.as_ref());
+                (f.reshape(&y, &[b, t, nh, d]), None)
             }
             Qkv::Fused { qkv, bias } => {
                 let bias = bias.as_ref().map(|g| f.load(g));
@@ -822,28 +1166,37 @@ impl Emitter<'_> {
                 let y = f.reshape(&y, &[b, t, nh + 2 * kvh, d]);
                 let part =
                     |f: &mut Func, from: usize, heads: usize| f.slice(&y, &[0, 0, from, 0], &[b, t, from + heads, d]);
-                (part(f, 0, nh), part(f, nh, kvh), part(f, nh + kvh, kvh))
+                (part(f, 0, nh), Some((part(f, nh, kvh), part(f, nh + kvh, kvh))))
             }
         };
-        if let Some([qn, kn]) = qk_norm {
-            // Per head, or (OLMo) over the whole projection, viewed flat and back.
-            let norm = |f: &mut Func, x: &Value, w: &Global, heads: usize| {
-                let w = f.load(w);
-                if !cfg.qk_norm_whole {
-                    return c.rms_norm(f, x, &w, cfg.rms_eps, style);
-                }
-                let flat = f.reshape(x, &[b, t, heads * d]);
-                let normed = c.rms_norm(f, &flat, &w, cfg.rms_eps, style);
-                f.reshape(&normed, &[b, t, heads, d])
-            };
+        // Per head, or (OLMo) over the whole projection, viewed flat and back.
+        let norm = |f: &mut Func, x: &Value, w: &Global, heads: usize| {
+            let w = f.load(w);
+            if !cfg.qk_norm_whole {
+                return c.rms_norm(f, x, &w, cfg.rms_eps, style);
+            }
+            let flat = f.reshape(x, &[b, t, heads * d]);
+            let normed = c.rms_norm(f, &flat, &w, cfg.rms_eps, style);
+            f.reshape(&normed, &[b, t, heads, d])
+        };
+        if let Some(qn) = q_norm {
             q = norm(f, &q, qn, nh);
-            k = norm(f, &k, kn, kvh);
         }
         let q = self.rope(f, &q, cos, sin);
-        let k = self.rope(f, &k, cos, sin);
-
-        let cache = self.write_cache(f, cache, at, 0, &k);
-        let cache = self.write_cache(f, cache, at, 1, &v);
+        let mut cache = cache;
+        if let Some((mut k, mut v)) = kv {
+            if let Some(kn) = k_norm {
+                k = norm(f, &k, kn, kvh);
+            }
+            if cfg.v_norm {
+                // Gemma 3n's scaleless norm: the plain form times ones is the normed value.
+                let ones = f.constant_f32(&[d], &vec![1.0; d]);
+                v = c.rms_norm(f, &v, &ones, cfg.rms_eps, style);
+            }
+            let k = self.rope(f, &k, cos, sin);
+            cache = self.write_cache(f, cache, at, 0, &k);
+            cache = self.write_cache(f, cache, at, 1, &v);
+        }
         let keys = self.read_cache(f, &cache, at, 0, kvh, d);
         let values = self.read_cache(f, &cache, at, 1, kvh, d);
 
@@ -959,9 +1312,7 @@ impl Emitter<'_> {
         cache: Value,
     ) -> (Value, Value) {
         let cfg = self.cfg;
-        let (b, t) = (x.shape()[0], x.shape()[1]);
         let c = &self.c;
-
         let style = cfg.norm_style;
         let hx = match &w.ln1 {
             Some(ln1) => {
@@ -970,18 +1321,7 @@ impl Emitter<'_> {
             }
             None => x.clone(),
         };
-        let at = CacheAt { layer: l, slots, writes };
-        let (out, cache) = match &w.attn {
-            AttnWeights::GroupedQuery { qkv, qk_norm } => {
-                self.grouped_query(f, qkv, qk_norm.as_ref(), &hx, (cos, sin), mask, &at, cache)
-            }
-            AttnWeights::Latent(lw) => self.latent(f, lw, &hx, (cos, sin), mask, &at, cache),
-        };
-        let mut attn = self.linear(f, &out, &w.o, None);
-        if let Some(post) = &w.post_attn {
-            let pw = f.load(post);
-            attn = c.rms_norm(f, &attn, &pw, cfg.rms_eps, style);
-        }
+        let (attn, cache) = self.attention(f, l, w, &hx, cos, sin, mask, slots, writes, cache);
         let x = c.residual(f, x, &attn);
 
         let hx = match &w.ln2 {
@@ -991,25 +1331,120 @@ impl Emitter<'_> {
             }
             None => x.clone(),
         };
-        let (gate, up) = match &w.gate_up {
-            GateUp::Separate { gate, up } => (self.linear(f, &hx, gate, None), self.linear(f, &hx, up, None)),
-            GateUp::Fused(both) => {
-                let y = self.linear(f, &hx, both, None);
-                let i = cfg.intermediate;
-                let up = f.slice(&y, &[0, 0, 0], &[b, t, i]);
-                (f.slice(&y, &[0, 0, i], &[b, t, 2 * i]), up)
-            }
-        };
-        let act = match cfg.activation {
-            Activation::Silu => c.silu(f, &gate),
-            Activation::GeluTanh => c.gelu_tanh(f, &gate),
-        };
-        let prod = f.mul(&act, &up);
-        let mut down = self.linear(f, &prod, &w.down, None);
+        let mut down = self.mlp(f, l, w, &hx);
         if let Some(post) = &w.post_mlp {
             let pw = f.load(post);
             down = c.rms_norm(f, &down, &pw, cfg.rms_eps, style);
         }
         (c.residual(f, &x, &down), cache)
     }
+
+    /// Layer `l`'s attention over the normed input `hx [B, T, H]`: the output projection's
+    /// result, normed when the layer norms attention's output, and the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        f: &mut Func,
+        l: usize,
+        w: &Layer,
+        hx: &Value,
+        cos: &Value,
+        sin: &Value,
+        mask: &Value,
+        slots: &Slots,
+        writes: &[Value],
+        cache: Value,
+    ) -> (Value, Value) {
+        let cfg = self.cfg;
+        let at = CacheAt { layer: cfg.cache_layer(l), slots, writes };
+        let (out, cache) = match &w.attn {
+            AttnWeights::GroupedQuery { qkv, q_norm, k_norm } => {
+                self.grouped_query(f, qkv, (q_norm.as_ref(), k_norm.as_ref()), hx, (cos, sin), mask, &at, cache)
+            }
+            AttnWeights::Latent(lw) => self.latent(f, lw, hx, (cos, sin), mask, &at, cache),
+        };
+        let mut attn = self.linear(f, &out, &w.o, None);
+        if let Some(post) = &w.post_attn {
+            let pw = f.load(post);
+            attn = self.c.rms_norm(f, &attn, &pw, cfg.rms_eps, cfg.norm_style);
+        }
+        (attn, cache)
+    }
+
+    /// Layer `l`'s gated MLP over the normed input `hx [B, T, H]`, its gate made sparse where
+    /// the config asks (as transformers' `_gaussian_topk`: what lies above `mean + std *
+    /// Phi^-1(target)` of its row, shifted down by that cutoff, is kept).
+    fn mlp(&self, f: &mut Func, l: usize, w: &Layer, hx: &Value) -> Value {
+        let (b, t) = (hx.shape()[0], hx.shape()[1]);
+        let (mut gate, up) = match &w.gate_up {
+            GateUp::Separate { gate, up } => (self.linear(f, hx, gate, None), self.linear(f, hx, up, None)),
+            GateUp::Fused(both) => {
+                let y = self.linear(f, hx, both, None);
+                let i = w.intermediate;
+                let up = f.slice(&y, &[0, 0, 0], &[b, t, i]);
+                (f.slice(&y, &[0, 0, i], &[b, t, 2 * i]), up)
+            }
+        };
+        let target = self.cfg.sparsity[l];
+        if target > 0.0 {
+            gate = self.sparse(f, &gate, target);
+        }
+        let act = self.activation(f, &gate);
+        let prod = f.mul(&act, &up);
+        self.linear(f, &prod, &w.down, None)
+    }
+
+    /// `relu(x - (mean + std * Phi^-1(target)))` over the last dimension (the standard
+    /// deviation biased), in the activation dtype as torch computes it.
+    fn sparse(&self, f: &mut Func, x: &Value, target: f64) -> Value {
+        let shape = x.shape().to_vec();
+        let last = shape.len() - 1;
+        let lead: Vec<usize> = (0..last).collect();
+        let n = f.splat(&Type::new(x.elem(), &shape[..last]), shape[last] as f64);
+        let sum = f.reduce(x, &[last], mlxcel_emit::Reduce::Sum);
+        let mean = f.div(&sum, &n);
+        let mb = f.broadcast(&mean, &shape, &lead);
+        let centred = f.sub(x, &mb);
+        let sq = f.mul(&centred, &centred);
+        let var = f.reduce(&sq, &[last], mlxcel_emit::Reduce::Sum);
+        let var = f.div(&var, &n);
+        let std = f.sqrt(&var);
+        // torch: Normal(0, 1).icdf on an f32 tensor, cast to the activations' dtype.
+        let k = f.constant_f32(&[], &[normal_quantile(target as f32)]);
+        let k = f.convert(&k, x.elem());
+        let kb = f.broadcast(&k, &shape[..last], &[]);
+        let cutoff = f.mul(&std, &kb);
+        let cutoff = f.add(&mean, &cutoff);
+        let cb = f.broadcast(&cutoff, &shape, &lead);
+        let shifted = f.sub(x, &cb);
+        let zero = f.splat(shifted.ty(), 0.0);
+        f.max(&shifted, &zero)
+    }
+
+    /// The config's MLP activation.
+    fn activation(&self, f: &mut Func, x: &Value) -> Value {
+        match self.cfg.activation {
+            Activation::Silu => self.c.silu(f, x),
+            Activation::GeluTanh => self.c.gelu_tanh(f, x),
+        }
+    }
+}
+
+/// The standard normal distribution's quantile at `p` as torch's `Normal(0, 1).icdf` computes
+/// it on an f32 tensor (`sqrt(2) * erfinv(2p - 1)`, the argument rounded to f32): refined by
+/// Newton steps on `libm`'s erfc to f64 accuracy, then rounded once.
+fn normal_quantile(p: f32) -> f32 {
+    let arg = (2.0 * p - 1.0) as f64;
+    // erfinv(arg) by Newton's method on erf, from a start inside the basin.
+    let mut y = if arg.abs() < 0.7 { arg * 0.886 } else { arg.signum() * (-(1.0 - arg.abs()).ln()).sqrt() * 0.9 };
+    for _ in 0..60 {
+        let err = (1.0 - libm::erfc(y)) - arg;
+        let slope = 2.0 / std::f64::consts::PI.sqrt() * (-y * y).exp();
+        let step = err / slope;
+        y -= step;
+        if step.abs() < 1e-17 {
+            break;
+        }
+    }
+    (std::f64::consts::SQRT_2 * y) as f32
 }

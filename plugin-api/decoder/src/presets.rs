@@ -4,8 +4,8 @@
 //! the graph already has is one function here (or a spec in its plugin).
 
 use crate::spec::{
-    Attention, AttentionKind, AttnScale, DecoderSpec, EmbedScale, Embedding, Head, Mlp, NormPlacement, Norms,
-    QkNormScope, QkvBias, RmsStyle, SPEC_SCHEMA, WeightLayout,
+    Attention, AttentionKind, AttnScale, Augmentations, DecoderSpec, EmbedScale, Embedding, Head, Mlp, NormPlacement,
+    Norms, QkNormScope, QkvBias, RmsStyle, SPEC_SCHEMA, WeightLayout,
 };
 
 fn types(names: &[&str]) -> Vec<String> {
@@ -37,6 +37,7 @@ pub fn llama() -> DecoderSpec {
             scale: AttnScale::InverseSqrtHeadDim,
             sliding_layers: false,
             sliding_pattern: None,
+            v_norm: false,
             rope_per_kind: false,
         },
         mlp: Mlp::Gated,
@@ -51,6 +52,7 @@ pub fn llama() -> DecoderSpec {
         weights: WeightLayout::Transformers,
         config_aliases: Default::default(),
         intermediate_counts_fused: false,
+        augmentations: Augmentations::default(),
     }
 }
 
@@ -106,6 +108,7 @@ pub fn gemma3_text() -> DecoderSpec {
             scale: AttnScale::InverseSqrtQueryPreAttnScalar,
             sliding_layers: true,
             sliding_pattern: Some(6),
+            v_norm: false,
             rope_per_kind: true,
         },
         mlp: Mlp::Gated,
@@ -123,6 +126,7 @@ pub fn gemma3_text() -> DecoderSpec {
         weights: WeightLayout::Transformers,
         config_aliases: Default::default(),
         intermediate_counts_fused: false,
+        augmentations: Augmentations::default(),
     }
 }
 
@@ -146,9 +150,43 @@ pub fn youtu() -> DecoderSpec {
     }
 }
 
+/// Gemma 3n text (`gemma3n_text`, the language model of Gemma 3n): Gemma 3's sliding and global
+/// layers (every fifth global by default), q/k norms and a scaleless v norm, unscaled scores,
+/// sandwich norms with plain weights, wrapped in AltUp streams with a LAuReL branch, per-layer
+/// inputs, KV sharing in the last layers and activation sparsity in the first; the final logits
+/// soft-capped.
+pub fn gemma3n_text() -> DecoderSpec {
+    let base = gemma3_text();
+    DecoderSpec {
+        name: "gemma3n_text".into(),
+        model_types: types(&["gemma3n_text"]),
+        norms: Norms { style: RmsStyle::Plain, placement: NormPlacement::Sandwich },
+        attention: Attention { scale: AttnScale::One, v_norm: true, sliding_pattern: Some(5), ..base.attention },
+        // transformers 5.24 `Gemma3nTextConfig`.
+        config_defaults: defaults(serde_json::json!({
+            "vocab_size": 262400, "hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 35,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "attention_bias": false, "sliding_window": 512, "final_logit_softcapping": 30.0,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256, "altup_active_idx": 0,
+            "altup_correct_scale": true, "altup_num_inputs": 4, "num_kv_shared_layers": 15, "laurel_rank": 64,
+            "activation_sparsity_pattern": null,
+        })),
+        augmentations: Augmentations {
+            altup: true,
+            laurel: true,
+            per_layer_inputs: true,
+            kv_sharing: true,
+            activation_sparsity: true,
+        },
+        ..base
+    }
+}
+
 /// Every preset, in the order errors list them.
-pub fn all() -> [DecoderSpec; 5] {
-    [llama(), qwen2(), qwen3(), gemma3_text(), youtu()]
+pub fn all() -> [DecoderSpec; 6] {
+    [llama(), qwen2(), qwen3(), gemma3_text(), youtu(), gemma3n_text()]
 }
 
 /// The preset that reads `model_type`.
@@ -175,6 +213,6 @@ mod tests {
                 assert_eq!(for_model_type(t).map(|q| q.name), Some(p.name.clone()));
             }
         }
-        assert_eq!(for_model_type("gemma3n_text"), None);
+        assert_eq!(for_model_type("gemma3n"), None);
     }
 }

@@ -63,6 +63,50 @@ pub struct DecoderSpec {
     /// width; otherwise it is the width. Left out of the JSON when false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub intermediate_counts_fused: bool,
+    /// Blocks around each layer beyond the plain residual stream (Gemma 3n's); none unless
+    /// named. Left out of the JSON when none is.
+    #[serde(default, skip_serializing_if = "Augmentations::is_none")]
+    pub augmentations: Augmentations,
+}
+
+/// Blocks a layer may carry beyond attention and the MLP, each read with its sizes from the
+/// config (Gemma 3n's names). A spec without one refuses a config that sizes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Augmentations {
+    /// AltUp (`altup_num_inputs`, `altup_active_idx`, `altup_correct_scale`): the hidden state
+    /// is several streams; each layer predicts every stream from all of them (`altup.predict`),
+    /// runs on the active one, and corrects the others by what it changed (`altup.correct`). The
+    /// extra streams start as projections of the embeddings (`altup_projections`) and end
+    /// averaged with the active one after projecting back (`altup_unembed_projections`), each
+    /// rescaled to the active stream's magnitude.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub altup: bool,
+    /// LAuReL (`laurel_rank`): a low-rank residual branch beside attention, averaged in with a
+    /// `1/sqrt(2)` scale.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub laurel: bool,
+    /// Per-layer inputs (`hidden_size_per_layer_input`, `vocab_size_per_layer_input`): a second
+    /// token table holds a small embedding per layer, combined with a projection of the input
+    /// embeddings and gated into the AltUp streams after each layer. A prompt prefilled from
+    /// embeddings also gives its rows' token ids.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub per_layer_inputs: bool,
+    /// KV sharing (`num_kv_shared_layers`): the last layers compute no keys or values and
+    /// attend over those of the last earlier layer of their kind; the cache holds only the
+    /// layers that compute them.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub kv_sharing: bool,
+    /// Activation sparsity (`activation_sparsity_pattern`, one target per layer): the MLP's gate
+    /// keeps only what lies above `mean + std * Phi^-1(target)` of its row.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub activation_sparsity: bool,
+}
+
+impl Augmentations {
+    fn is_none(&self) -> bool {
+        *self == Augmentations::default()
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -155,6 +199,10 @@ pub struct Attention {
     /// default (Gemma 3's 6). `None`: every layer is full, and a config's
     /// `sliding_window_pattern` is refused.
     pub sliding_pattern: Option<usize>,
+    /// A scaleless RMSNorm on each head's values (Gemma 3n's `v_norm`). Left out of the JSON
+    /// when absent.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub v_norm: bool,
     /// Sliding and full layers have rotary embeddings of their own:
     /// `rope_parameters` keyed by layer type, or, in the legacy fields,
     /// `rope_theta` with `rope_scaling` for full layers and
@@ -216,6 +264,8 @@ pub enum AttnScale {
     InverseSqrtHeadDim,
     /// `query_pre_attn_scalar ** -0.5`, which the config must give.
     InverseSqrtQueryPreAttnScalar,
+    /// Unscaled (Gemma 3n's, whose q/k norms keep scores in range).
+    One,
 }
 
 /// The feed-forward block.

@@ -339,6 +339,15 @@ pub enum Tensor {
     /// The untied LM head.
     LmHead,
     Layer(usize, LayerTensor),
+    /// Per-layer inputs: the per-layer token table `[vocab, layers * hidden_per_layer]`, the
+    /// projection of the input embeddings to the same width, and its norm `[hidden_per_layer]`.
+    PerLayerEmbed,
+    PerLayerProjection,
+    PerLayerProjectionNorm,
+    /// AltUp: the projection making stream `i + 1` from the embeddings, and the one taking it
+    /// back at the end.
+    AltUpIn(usize),
+    AltUpOut(usize),
 }
 
 /// A tensor of one decoder layer.
@@ -381,6 +390,21 @@ pub enum LayerTensor {
     KvA,
     KvANorm,
     KvB,
+    /// AltUp: the active stream's output scale, the correction and prediction coefficients,
+    /// the router and its norm.
+    AltUpCorrectScale,
+    AltUpCorrection,
+    AltUpPrediction,
+    AltUpRouter,
+    AltUpRouterNorm,
+    /// LAuReL: the two low-rank projections and the norm on their output.
+    LaurelLeft,
+    LaurelRight,
+    LaurelNorm,
+    /// Per-layer inputs: the gate from the active stream, the projection back, its norm.
+    PerLayerGate,
+    PerLayerProjection,
+    PerLayerNorm,
 }
 
 impl LayerTensor {
@@ -405,7 +429,7 @@ impl LayerTensor {
                 MlpInNorm | MlpOutNorm => Some("ff_norm.weight"),
                 UpGate => pick("ff_proj.weight", "mlp.ff_proj.weight"),
                 Down => pick("ff_out.weight", "mlp.ff_out.weight"),
-                Q | K | V | QBias | KBias | VBias | Gate | Up | QA | QANorm | QB | KvA | KvANorm | KvB => None,
+                _ => None,
             };
         }
         Some(match self {
@@ -432,6 +456,17 @@ impl LayerTensor {
             KvA => "self_attn.kv_a_proj_with_mqa.weight",
             KvANorm => "self_attn.kv_a_layernorm.weight",
             KvB => "self_attn.kv_b_proj.weight",
+            AltUpCorrectScale => "altup.correct_output_scale",
+            AltUpCorrection => "altup.correction_coefs.weight",
+            AltUpPrediction => "altup.prediction_coefs.weight",
+            AltUpRouter => "altup.modality_router.weight",
+            AltUpRouterNorm => "altup.router_norm.weight",
+            LaurelLeft => "laurel.linear_left.weight",
+            LaurelRight => "laurel.linear_right.weight",
+            LaurelNorm => "laurel.post_laurel_norm.weight",
+            PerLayerGate => "per_layer_input_gate.weight",
+            PerLayerProjection => "per_layer_projection.weight",
+            PerLayerNorm => "post_per_layer_input_norm.weight",
             Qkv | QkvBias | UpGate => return None,
         })
     }
@@ -496,6 +531,20 @@ impl DecoderWeights {
             Tensor::Norm if molmo => Some(format!("{root}ln_f.weight")),
             Tensor::Norm => Some(format!("{root}norm.weight")),
             Tensor::LmHead => self.lm_head.clone(),
+            Tensor::PerLayerEmbed
+            | Tensor::PerLayerProjection
+            | Tensor::PerLayerProjectionNorm
+            | Tensor::AltUpIn(_)
+            | Tensor::AltUpOut(_)
+                if molmo =>
+            {
+                None
+            }
+            Tensor::PerLayerEmbed => Some(format!("{root}embed_tokens_per_layer.weight")),
+            Tensor::PerLayerProjection => Some(format!("{root}per_layer_model_projection.weight")),
+            Tensor::PerLayerProjectionNorm => Some(format!("{root}per_layer_projection_norm.weight")),
+            Tensor::AltUpIn(i) => Some(format!("{root}altup_projections.{i}.weight")),
+            Tensor::AltUpOut(i) => Some(format!("{root}altup_unembed_projections.{i}.weight")),
             Tensor::Layer(i, t) => {
                 let blocks = if molmo { "blocks" } else { "layers" };
                 t.name(self.layout, self.sandwich, self.original_names).map(|name| format!("{root}{blocks}.{i}.{name}"))
