@@ -32,6 +32,7 @@ FAMILIES = [
     ("qwen2_vl", "qwen2_vl", "processor_config.json"),
     ("qwen2_5_vl", "qwen2_5_vl", "processor_config.json"),
     ("qwen3_vl", "qwen3_vl", "processor_config.json"),
+    ("youtu_vl", "youtu_vl", ""),
 ]
 
 IMAGES = [
@@ -83,7 +84,7 @@ def main() -> None:
     seeds["media_decode"] = {name: read(f"images/{name}") for name in IMAGES}
 
     for family, fixture, processor in FAMILIES:
-        config, proc = read(f"{fixture}/config.json"), read(f"{fixture}/{processor}")
+        config, proc = read(f"{fixture}/config.json"), read(f"{fixture}/{processor}") if processor else b""
         seeds[f"config_{family}"] = {"fixture": joined(config, proc), "config_only": config}
         wide, tall = read(f"{fixture}/inputs/wide.png"), read("qwen2_vl/inputs/tall.png")
         seeds[f"preprocess_{family}"] = {

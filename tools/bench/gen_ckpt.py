@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B, Molmo2-4B or Molmo-7B-D checkpoint: the real model's
-dimensions, random weights, Hugging Face layout.
+"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B, Molmo2-4B, Molmo-7B-D or Youtu-VL-4B checkpoint: the real
+model's dimensions, random weights, Hugging Face layout.
 
 Every system under comparison loads the same bytes: config.json, sharded safetensors with their index,
 tokenizer.json (a small byte-level BPE whose special tokens sit at the real Qwen-VL ids, and whose vocab is
@@ -84,6 +84,35 @@ chat template, processor_config.json and generation_config.json (greedy, eos 151
               23 at full depth); a tower of m < 9 layers reads layers -1 and 0 instead of -2 and -9. Directory
               molmo-7b-d-<dtype>-L<n>-V<m>. Drawn tensor by tensor with randomize_mlx's scheme (numpy, sorted
               names, seed 1235) and written in shards as it goes, so the build holds about one shard.
+  youtu_vl    Youtu-VL-4B-Instruct (tencent/Youtu-VL-4B-Instruct, YoutuVLForConditionalGeneration): Youtu-LLM's
+              decoder, 40 layers of width 2560 with multi-head latent attention (32 heads; q_lora_rank 1536 with
+              an RMS norm, kv_lora_rank 512 with an RMS norm, qk_nope_head_dim 128, qk_rope_head_dim 64 in one
+              rotary key shared by the heads, v_head_dim 128, interleaved rotary pairs, rope_theta 5e5), a SwiGLU
+              MLP of 9728, a 283386-row token table tied to the head; a SigLIP2 ViT (width 1152, 16 heads of 72,
+              MLP 4304, 27 layers, 16-pixel patches, 2-D vision RoPE, no position table) windowed as Qwen2.5-VL's
+              (window_size 256 pixels: 8x8 merged units, full attention in blocks 7, 15, 23 and 26), its
+              post-layernorm, and a 2x2 patch merger (RMS norm, 4608 -> 4608 -> 2560 GELU MLP). transformers has
+              no Youtu-VL: the dimensions are mlx-vlm 0.7.10's class defaults (models/youtu_vl/config.py), which
+              are the 4B model's, and the checkpoint is in the Hugging Face layout mlx-vlm's sanitize reads and the
+              oracle fixture (tools/oracle/gen_youtu_vl.py, tests/fixtures/youtu_vl) has: config.json flat (the
+              text fields at the root beside vision_config, model_type youtu_vl; torch_dtype naming the stored
+              dtype), tensors siglip2.vision_model.*, merger.* and model.*, each layer's kv_b_proj stored fused
+              ([32 x (128 + 128), 512]; mlx-vlm splits it into embed_q and unembed_out on load), no lm_head (tied).
+              Names and shapes come from mlx-vlm's Model built at this config (lazily, never evaluated), the split
+              kv_b pair fused back as to_hf does. Special ids: Youtu-VL-4B's <|vision_start|> 128262,
+              <|vision_end|> 128263, <|image_pad|> 128264, <|video_pad|> 128265 (mlx-vlm's ModelConfig defaults);
+              <|endoftext|> at 128001, Youtu-LLM's eos (transformers' YoutuConfig default); <|im_start|> and
+              <|im_end|> at 128256 and 128257, the first ids past Youtu-LLM's 128256-row base where Youtu-VL's added
+              tokens begin (their real ids are not available offline: a stand-in placement). Filler pieces fill
+              every other id of the 283386, so any generated id decodes to text. Chat template, eos, pad and bos
+              as the fixture's (ChatML without a default system prompt, an image as
+              <|vision_start|><|image_pad|><|vision_end|>; eos <|im_end|>, pad and bos <|endoftext|>). No
+              preprocessor config: no reference processor exists (the real one is remote code); see the fixture's
+              stand-in preprocessing, gen_youtu_vl.preprocess. A reduced tower keeps the full-attention rhythm:
+              the blocks i with i % 8 == 7 below --vision-blocks and the last block (27 gives the real 7, 15, 23,
+              26; 4 gives 3 alone). Directory youtu_vl-4b-<dtype>-L<n>-V<m>. Drawn tensor by tensor in sorted
+              Hugging Face names (numpy, seed 1235; matrices N(0, 1/fan_in), the fused kv_b_proj's fan-in its
+              512 latent columns; norm weights 1 + N(0, 0.1), biases N(0, 0.1)) and written in shards as it goes.
 
 Run with the oracle venv's python (torch, transformers 5.24):
 
@@ -95,6 +124,7 @@ Run with the oracle venv's python (torch, transformers 5.24):
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo2        # 36 text / 25 vision, bf16
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo2 --text-layers 2 --vision-blocks 2
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo --text-layers 4   # 4 of 28, full ViT
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family youtu_vl --text-layers 4 --vision-blocks 4
 
 Prints the checkpoint directory (default under ~/.cache/mlxcel/bench/); an existing complete directory is
 kept unless --force. Weights: seed 1235, matrices N(0, 1/fan_in), vectors default + N(0, 0.1) (the oracle's
@@ -103,7 +133,10 @@ rounding. The whole f32 model is held in memory while it is drawn: about 4 bytes
 Qwen2-VL-2B, 15 GB for Qwen2.5-VL-3B, 8.5 GB for Qwen3-VL-2B at full depth, whichever --dtype is stored).
 Molmo2-4B (4.85 B parameters: 19.4 GB in f32, 9.7 GB in bf16) is built in bf16 when bf16 is stored, each
 parameter drawn in f32 and rounded as it is drawn (the same values as drawing the f32 model and rounding it),
-so its bf16 build holds about 2 bytes a parameter (9.7 GB).
+so its bf16 build holds about 2 bytes a parameter (9.7 GB). Molmo-7B-D and Youtu-VL-4B are drawn and written
+tensor by tensor (about one shard held, the largest tensor drawn in f32: Youtu-VL's token table, 2.9 GB). Full-depth
+Youtu-VL-4B is 5.34 B parameters as mlx-vlm's defaults build it (10.7 GB in bf16); 4 of 40 text layers and 4 of 27
+vision blocks are 1.24 B (2.5 GB in bf16), most of it the tied 283386 x 2560 table.
 """
 
 from __future__ import annotations
@@ -131,14 +164,15 @@ SPECIALS = {
 }
 VOCAB = 151936  # embedding rows of the real model (ids past the last special are padding rows)
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "molmo2", "molmo")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "molmo2", "molmo", "youtu_vl")
 # Each family's real model: the directory name's stem and its full depth (text layers, vision blocks; Molmo2's
 # vision blocks are the ViT layers stored and run, 25 of the 27 its config declares).
 MODEL_NAME = {"qwen2_vl": "qwen2vl-2b", "qwen2_5_vl": "qwen2_5_vl-3b", "qwen3_vl": "qwen3_vl-2b", "molmo2": "molmo2-4b",
-              "molmo": "molmo-7b-d"}
+              "molmo": "molmo-7b-d", "youtu_vl": "youtu_vl-4b"}
 # Molmo's vision blocks are the declared ViT layers (image_num_layers), of which the deepest feature layer and
 # those before it run (22 of 23 for vit_layers [-2, -9]).
-FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32), "qwen3_vl": (28, 24), "molmo2": (36, 25), "molmo": (28, 23)}
+FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32), "qwen3_vl": (28, 24), "molmo2": (36, 25), "molmo": (28, 23),
+              "youtu_vl": (40, 27)}
 # Qwen3-VL-2B-Instruct's DeepStack blocks (vision_config.deepstack_visual_indexes) of its 24.
 QWEN3_VL_DEEPSTACK = (5, 11, 17)
 
@@ -358,7 +392,8 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
     real ids. Fillers are never produced by encoding (no merges lead to them) but decode to ` #<id in base
     36>`, so generated ids stream as text as they would with the real vocab. Molmo2's adds its image tokens
     after the base vocabulary, names <|image|> and <|video|> (its processor reads them), and has
-    <|endoftext|> for its eos, which the processor prepends as BOS."""
+    <|endoftext|> for its eos, which the processor prepends as BOS. Youtu-VL's has its own specials
+    (YOUTU_VL_SPECIALS, none of the Qwen ones) and fillers at every other id of its 283386-row table."""
     import common
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -376,14 +411,18 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
             if n == 0:
                 return s
 
-    first_special = min(SPECIALS.values())
-    for i in range(base, first_special):
+    if family == "youtu_vl":
+        specials = dict(YOUTU_VL_SPECIALS)
+        fill = [i for i in range(base, YOUTU_VL_VOCAB) if i not in set(specials.values())]
+    else:
+        specials = {**SPECIALS, **({"molmo2": MOLMO2_SPECIALS, "molmo": MOLMO_SPECIALS}.get(family, {}))}
+        fill = range(base, min(SPECIALS.values()))
+    for i in fill:
         piece = "Ġ#" + b36(i)  # "Ġ" is the byte-level form of a space
         if piece in vocab:
             raise RuntimeError(f"filler {piece} collides with a trained piece")
         vocab[piece] = i
     template = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-    specials = {**SPECIALS, **({"molmo2": MOLMO2_SPECIALS, "molmo": MOLMO_SPECIALS}.get(family, {}))}
     spec["added_tokens"] = [dict(template, id=i, content=t) for t, i in specials.items()]
     for t, i in specials.items():
         vocab[t] = i
@@ -629,6 +668,184 @@ def build_molmo(out: Path, dtype: str, text_layers: int, vision_blocks: int, sha
     return info
 
 
+# ------------------------------------------------------------------------------------------------
+# Youtu-VL: Youtu-VL-4B-Instruct, in the Hugging Face layout mlx-vlm's models/youtu_vl reads (transformers has none)
+
+YOUTU_VL_VOCAB = 283386  # Youtu-VL-4B's token table, tied to the head
+# Youtu-VL-4B's vision ids (mlx-vlm 0.7.10's ModelConfig defaults); <|endoftext|> at Youtu-LLM's eos id
+# (transformers' YoutuConfig default, 128001); the ChatML pair, whose real ids are not available offline, at the
+# first ids past Youtu-LLM's 128256-row base (a stand-in placement).
+YOUTU_VL_SPECIALS = {
+    "<|endoftext|>": 128001, "<|im_start|>": 128256, "<|im_end|>": 128257, "<|vision_start|>": 128262,
+    "<|vision_end|>": 128263, "<|image_pad|>": 128264, "<|video_pad|>": 128265,
+}
+# Youtu-VL-4B's full-attention vision blocks (of 27).
+YOUTU_VL_FULLATT = (7, 15, 23, 26)
+
+
+def youtu_vl_fullatt_blocks(depth: int) -> list[int]:
+    """Youtu-VL's full-attention blocks for a tower of `depth`: every 8th (i % 8 == 7) and the last, which is the real
+    tower's 7, 15, 23, 26 at 27; a reduced tower keeps that rhythm (4 blocks: block 3 alone), so windowed and full
+    blocks both run from depth 2 on."""
+    return sorted({i for i in range(depth) if i % 8 == 7} | {depth - 1})
+
+
+def youtu_vl_config(text_layers: int, vision_blocks: int, dtype: str) -> dict:
+    """Youtu-VL-4B's config.json in the fixture's flat form (the text fields at the root beside vision_config, as
+    mlx-vlm's ModelConfig.from_dict reads them), at the given depth, naming the stored dtype. The dimensions are
+    mlx-vlm 0.7.10's class defaults, which are the 4B model's."""
+    ids = YOUTU_VL_SPECIALS
+    assert youtu_vl_fullatt_blocks(27) == list(YOUTU_VL_FULLATT)
+    return {
+        "architectures": ["YoutuVLForConditionalGeneration"], "model_type": "youtu_vl",
+        "bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"]], "pad_token_id": ids["<|endoftext|>"],
+        "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": text_layers, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "rope_interleave": True, "rope_theta": 500000.0, "tie_word_embeddings": True, "attention_bias": False,
+        "mlp_bias": False, "vocab_size": YOUTU_VL_VOCAB, "torch_dtype": {"f32": "float32", "bf16": "bfloat16"}[dtype],
+        "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+        "vision_config": {
+            "model_type": "siglip2_vision_model", "hidden_size": 1152, "out_hidden_size": 2560,
+            "intermediate_size": 4304, "num_hidden_layers": vision_blocks, "num_attention_heads": 16,
+            "num_channels": 3, "num_patches": 4096, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6, "spatial_merge_size": 2, "window_size": 256,
+            "fullatt_block_indexes": youtu_vl_fullatt_blocks(vision_blocks),
+        },
+    }
+
+
+def youtu_vl_tensors(cfg_json: dict) -> dict[str, tuple[int, ...]]:
+    """The Hugging Face tensor names and shapes of a Youtu-VL checkpoint at `cfg_json`: mlx-vlm's Model built at it
+    (lazily, never evaluated), its names mapped back as gen_youtu_vl.to_hf maps them (siglip2.vision_model.*,
+    merger.*, model.*; no lm_head, tied) and each layer's embed_q [heads, latent, nope] and unembed_out
+    [heads, v, latent] fused back into kv_b_proj [heads * (nope + v), latent]."""
+    import mlx_vlm.models.youtu_vl as youtu
+    from mlx.utils import tree_flatten
+    from mlx_vlm.utils import update_module_configs
+
+    raw = json.loads(json.dumps(cfg_json))
+    cfg = youtu.ModelConfig.from_dict(raw)
+    cfg = update_module_configs(cfg, youtu, json.loads(json.dumps(cfg_json)), ["text", "vision"])
+    model = youtu.Model(cfg)
+    tc = cfg.text_config
+    out = {}
+    for k, v in tree_flatten(model.parameters()):
+        if k.startswith("vision_tower.merger."):
+            k = k.removeprefix("vision_tower.")
+        elif k.startswith("vision_tower."):
+            k = "siglip2.vision_model." + k.removeprefix("vision_tower.")
+        elif k.startswith("language_model.model."):
+            k = "model." + k.removeprefix("language_model.model.")
+        else:
+            raise RuntimeError(f"youtu_vl: unexpected parameter {k}")  # an untied lm_head
+        if k.endswith((".embed_q.weight", ".unembed_out.weight")):
+            continue
+        out[k] = tuple(v.shape)
+    for layer in range(tc.num_hidden_layers):
+        fused = (tc.num_attention_heads * (tc.qk_nope_head_dim + tc.v_head_dim), tc.kv_lora_rank)
+        out[f"model.layers.{layer}.self_attn.kv_b_proj.weight"] = fused
+    return dict(sorted(out.items()))
+
+
+def youtu_vl_tokenizer():
+    """gen_ckpt's byte-level BPE with Youtu-VL's specials at their ids (YOUTU_VL_SPECIALS), fillers up to the 283386
+    rows, the fixture's chat template (gen_youtu_vl.CHAT_TEMPLATE), eos <|im_end|>, pad <|endoftext|>."""
+    import gen_youtu_vl  # tools/oracle
+
+    return tokenizer(gen_youtu_vl.CHAT_TEMPLATE, "youtu_vl")
+
+
+def build_youtu_vl(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str) -> dict:
+    """Youtu-VL-4B at the given depth: names and shapes from youtu_vl_tensors, each tensor drawn in sorted name order
+    (numpy, seed 1235: matrices N(0, 1/fan_in), norm weights 1 + N(0, 0.1), biases N(0, 0.1)), cast and written in
+    shards of at most `shard` as it goes."""
+    import common
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    cfg_json = youtu_vl_config(text_layers, vision_blocks, dtype)
+    timings = {}
+    t = time.perf_counter()
+    shapes = youtu_vl_tensors(cfg_json)
+    timings["construct_s"] = time.perf_counter() - t
+    want = {"model.embed_tokens.weight": (YOUTU_VL_VOCAB, 2560),
+            "model.layers.0.self_attn.kv_b_proj.weight": (32 * 256, 512),
+            "model.layers.0.self_attn.q_b_proj.weight": (32 * 192, 1536),
+            "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": (576, 2560),
+            "model.layers.0.mlp.gate_proj.weight": (9728, 2560),
+            "siglip2.vision_model.embeddings.patch_embedding.weight": (1152, 768),
+            "siglip2.vision_model.encoder.layers.0.mlp.fc1.weight": (4304, 1152),
+            "merger.mlp.0.weight": (4608, 4608), "merger.mlp.2.weight": (2560, 4608)}
+    for k, shape in want.items():
+        assert shapes.get(k) == shape, f"youtu_vl: {k} is {shapes.get(k)}, expected {shape}"
+    limit = int(float(shard.rstrip("GB")) * 1e9) if shard.endswith("GB") else int(shard)
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    rng = np.random.default_rng(common.SEED + 1)
+    shards, current, size, weight_map, total = [], {}, 0, {}, 0
+    counts = {"total": 0, "text": 0, "vision": 0}
+
+    def flush():
+        nonlocal current, size
+        if current:
+            name = f"model-{len(shards) + 1:05d}.safetensors"
+            save_file(current, str(tmp / name), metadata={"format": "pt"})
+            shards.append(name)
+            weight_map.update({k: name for k in current})
+            current, size = {}, 0
+
+    t = time.perf_counter()
+    for key, shape in shapes.items():
+        if len(shape) >= 2:
+            fan_in = int(np.prod(shape[1:]))
+            v = rng.standard_normal(shape, dtype=np.float32) / np.float32(fan_in**0.5)
+        else:
+            default = np.float32(0.0 if key.endswith(".bias") else 1.0)
+            v = default + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
+        tensor = torch.from_numpy(v).to(torch_dtype).contiguous()
+        del v
+        nbytes = tensor.numel() * tensor.element_size()
+        if size and size + nbytes > limit:
+            flush()
+        current[key] = tensor
+        size += nbytes
+        total += nbytes
+        counts["total"] += tensor.numel()
+        counts["text" if key.startswith("model.") else "vision"] += tensor.numel()
+    flush()
+    timings["fill_and_save_s"] = time.perf_counter() - t
+    n = len(shards)
+    renamed = {}
+    for i, name in enumerate(shards):
+        new = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        (tmp / name).rename(tmp / new)
+        renamed[name] = new
+    weight_map = {k: renamed[v] for k, v in sorted(weight_map.items())}
+    (tmp / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+    (tmp / "config.json").write_text(json.dumps(cfg_json, indent=1) + "\n")
+    ids = YOUTU_VL_SPECIALS
+    (tmp / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"]],
+         "pad_token_id": ids["<|endoftext|>"], "do_sample": False}, indent=1) + "\n")
+    youtu_vl_tokenizer().save_pretrained(tmp)
+    files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+    info = {
+        "generator": "tools/bench/gen_ckpt.py", "family": "youtu_vl", "dtype": dtype, "text_layers": text_layers,
+        "vision_blocks": vision_blocks, "params": counts, "bytes": sum(files.values()), "files": files,
+        "seed": common.SEED, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+    }
+    (tmp / DONE).write_text(json.dumps(info, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return info
+
+
 def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str, family: str = "qwen2_vl") -> dict:
     import common
     import torch
@@ -762,6 +979,8 @@ def ensure(dtype: str = "bf16", text_layers: int | None = None, vision_blocks: i
         print(f"gen_ckpt: building {out}", file=sys.stderr, flush=True)
         if family == "molmo":
             info = build_molmo(out, dtype, text_layers, vision_blocks, shard)
+        elif family == "youtu_vl":
+            info = build_youtu_vl(out, dtype, text_layers, vision_blocks, shard)
         else:
             info = build(out, dtype, text_layers, vision_blocks, shard, family)
         print(f"gen_ckpt: {info['bytes'] / 1e9:.2f} GB, {info['params']['total']:,} parameters, "
@@ -773,16 +992,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=FAMILIES, default="qwen2_vl",
                     help="qwen2_vl: Qwen2-VL-2B's shape; qwen2_5_vl: Qwen2.5-VL-3B's; qwen3_vl: Qwen3-VL-2B's; "
-                         "molmo2: Molmo2-4B's; molmo: Molmo-7B-D's (default %(default)s)")
+                         "molmo2: Molmo2-4B's; molmo: Molmo-7B-D's; youtu_vl: Youtu-VL-4B's (default %(default)s)")
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--text-layers", type=int,
-                    help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl, 28 qwen3_vl, 36 molmo2, 28 molmo)")
+                    help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl, 28 qwen3_vl, 36 molmo2, 28 molmo, "
+                         "40 youtu_vl)")
     ap.add_argument("--vision-blocks", type=int,
                     help="default: the real model's (32; 24 qwen3_vl; 25 molmo2, the ViT layers stored and run; "
-                         "23 molmo, the declared ViT layers)")
+                         "23 molmo, the declared ViT layers; 27 youtu_vl)")
     ap.add_argument("--out", type=Path, help="default: ~/.cache/mlxcel/bench/qwen2vl-2b-<dtype>-L<n>-V<m> "
-                                             "(qwen2_5_vl-3b-..., qwen3_vl-2b-..., molmo2-4b-... and "
-                                             "molmo-7b-d-... for the other families)")
+                                             "(qwen2_5_vl-3b-..., qwen3_vl-2b-..., molmo2-4b-..., "
+                                             "molmo-7b-d-... and youtu_vl-4b-... for the other families)")
     ap.add_argument("--shard-size", default="2GB", help="max_shard_size for save_pretrained")
     ap.add_argument("--force", action="store_true", help="rebuild even when a complete checkpoint is there")
     args = ap.parse_args()

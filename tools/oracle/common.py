@@ -884,6 +884,17 @@ def mlx_reference_goldens(model, ids, embed: Callable, pixels, gen_kwargs: dict[
     return g
 
 
+def mlx_prompt_mask(g: Golden, n: int) -> None:
+    """Records the mask an mlx-vlm language model builds for an n-row prompt (mask=None:
+    create_attention_mask over the embeddings, without a cache), as an array."""
+    import mlx.core as mx
+    from mlx_vlm.models.base import create_attention_mask
+
+    m = np.array(create_attention_mask(mx.zeros((1, n, 1)), None, return_array=True))
+    allowed = torch.from_numpy(m if m.dtype == np.bool_ else (m == 0))
+    g.put("attention_mask.full_attention", mask_to_allowed(allowed, n))
+
+
 def mlx_fixture(name: str, script: str, build: Callable[[Path], None], load_processor: Callable[[Path], Any],
                 run_variant: Callable[[Any, Any, Path, Variant], Golden], variants: list[Variant], *,
                 check: bool, reference: str, notes: list[str]) -> None:

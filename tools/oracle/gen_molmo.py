@@ -166,14 +166,7 @@ def run_variant(model, processor, fixture, v: common.Variant) -> common.Golden:
         g.put("image_features_by_crop", torch.from_numpy(by_crop))
         g.meta.update(images=[FILES[i] for i in v.media("image")],
                       image_sizes=[list(im.size) for im in imgs], image_backend="mlx-vlm MolmoImageProcessor (PIL)")
-    # The mask the language model builds for the prompt (mask=None: create_attention_mask over the
-    # embeddings, without a cache), as an array.
-    from mlx_vlm.models.base import create_attention_mask
-
-    n = int(inputs["input_ids"].shape[1])
-    m = np.array(create_attention_mask(mx.zeros((1, n, 1)), None, return_array=True))
-    allowed = torch.from_numpy(m if m.dtype == np.bool_ else (m == 0))
-    g.put("attention_mask.full_attention", common.mask_to_allowed(allowed, n))
+    common.mlx_prompt_mask(g, int(inputs["input_ids"].shape[1]))
     g.meta.update(messages=messages, prompt=prompt, processor_outputs=sorted(k for k in inputs if k != "input_ids"))
     return g
 

@@ -16,7 +16,8 @@ ordered by 2x2 merge unit, as the tower's rotary and window indexing assume. The
 goldens are exact for these pixels; a processor implementation cannot be qualified from this fixture.
 
 Stages: pixel_values, spatial_shapes, image_features (merger output, the rows placed at <|image_pad|>),
-inputs_embeds, position_ids, logits, 16 greedy tokens decoded with the KV cache."""
+inputs_embeds, position_ids, attention_mask.full_attention (the language model's own causal mask), logits, 16
+greedy tokens decoded with the KV cache."""
 
 import json
 
@@ -127,6 +128,7 @@ def run_variant(model, tok, fixture, v: common.Variant) -> common.Golden:
         return model.get_input_embeddings(token_ids, pixels, **kwargs).inputs_embeds
 
     g = common.mlx_reference_goldens(model, ids, embed, pixels, kwargs)
+    common.mlx_prompt_mask(g, ids.shape[1])
     if prepared:
         g.put("pixel_values", torch.from_numpy(np.array(pixels[0])))
         g.put("spatial_shapes", torch.from_numpy(np.array(shapes)))

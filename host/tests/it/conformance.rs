@@ -33,20 +33,18 @@ fn check(name: &str) {
         return;
     }
     verify_passes_every_stage(name);
-    generate_gives_the_golden_tokens(name);
-    crate::server::mixed_batch_gives_the_golden_tokens(name);
-    bad_images_are_refused_clearly(name);
+    let opt_in = opt_in(name);
+    generate_gives_the_golden_tokens(name, opt_in);
+    crate::server::mixed_batch_gives_the_golden_tokens(name, opt_in);
+    bad_images_are_refused_clearly(name, opt_in);
 }
 
-/// The first divergent stage the fixture's manifest records for the fixture's checkpoint form,
-/// when it marks that form `experimental` (an MLX-quantized checkpoint, `forms.mlx_affine`);
-/// `None` for transformers' own forms and qualified ones.
-fn recorded_divergence(name: &str) -> Option<String> {
+/// The in-tree manifest accepting the fixture's config: by its architecture, or its model type
+/// when it names none.
+fn manifest_for(name: &str) -> (serde_json::Value, mlxcel_plugin_api::Manifest) {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).expect("config"))
             .expect("json");
-    config.get("quantization")?;
-    // The manifest accepting the config's architecture, or its model type when it names none.
     let architecture = config["architectures"][0].as_str();
     let model_type = config["model_type"].as_str().expect("model_type");
     let manifests = crate::support::workspace().join("manifests");
@@ -60,6 +58,33 @@ fn recorded_divergence(name: &str) -> Option<String> {
             None => m.accepts.model_types.iter().any(|t| t == model_type),
         })
         .expect("a manifest accepts the fixture");
+    (config, manifest)
+}
+
+/// The flags the golden media requests need: none when the manifest qualifies images, else
+/// `--allow-unqualified`, after checking that without it a golden image is refused, naming the
+/// capability and the flag (an experimental capability is never served by default).
+fn opt_in(name: &str) -> &'static [&'static str] {
+    let (_, manifest) = manifest_for(name);
+    let image = manifest.capability(mlxcel_plugin_api::Capability::Image).map(|c| c.status);
+    if image == Some(mlxcel_plugin_api::Status::Qualified) {
+        return &[];
+    }
+    let dir = fixture(name);
+    let stderr = refused(&generate(plugins(), &dir, &[dir.join("inputs/wide.png")], "Describe.", &[]));
+    assert!(
+        stderr.contains("capability `image`") && stderr.contains(mlxcel_plugin_api::ALLOW_UNQUALIFIED_FLAG),
+        "{name}: an unqualified image capability must be refused by default: {stderr}"
+    );
+    &[mlxcel_plugin_api::ALLOW_UNQUALIFIED_FLAG]
+}
+
+/// The first divergent stage the fixture's manifest records for the fixture's checkpoint form,
+/// when it marks that form `experimental` (an MLX-quantized checkpoint, `forms.mlx_affine`);
+/// `None` for transformers' own forms and qualified ones.
+fn recorded_divergence(name: &str) -> Option<String> {
+    let (config, manifest) = manifest_for(name);
+    config.get("quantization")?;
     let form = manifest.form("mlx_affine").unwrap_or_else(|| panic!("{name}: the manifest has no forms.mlx_affine"));
     match form.status {
         mlxcel_plugin_api::Status::Experimental => form.first_divergence.clone(),
@@ -145,7 +170,7 @@ fn verify_passes_every_stage(name: &str) {
     }
 }
 
-fn generate_gives_the_golden_tokens(name: &str) {
+fn generate_gives_the_golden_tokens(name: &str, opt_in: &[&str]) {
     let dir = fixture(name);
     let mut checked = 0;
     for variant in crate::support::variants(name) {
@@ -163,7 +188,7 @@ fn generate_gives_the_golden_tokens(name: &str) {
         }
         let text = last["text"].as_str().expect("text");
         // Qualified capabilities are served without --allow-unqualified.
-        let out = generate(plugins(), &dir, &images, text, &[]);
+        let out = generate(plugins(), &dir, &images, text, opt_in);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}/{variant}: {stderr}");
         let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one json object on stdout");
@@ -175,7 +200,7 @@ fn generate_gives_the_golden_tokens(name: &str) {
     assert!(checked >= 2, "{name}: only {checked} media variants went through generate");
 }
 
-fn bad_images_are_refused_clearly(name: &str) {
+fn bad_images_are_refused_clearly(name: &str, opt_in: &[&str]) {
     let dir = fixture(name);
     let temp = tempfile::tempdir().expect("temp dir");
     let write = |file: &str, bytes: &[u8]| {
@@ -201,13 +226,13 @@ fn bad_images_are_refused_clearly(name: &str) {
         ),
     ];
     for (path, why) in &cases {
-        let stderr = refused(&generate(plugins(), &dir, std::slice::from_ref(path), "Describe.", &[]));
+        let stderr = refused(&generate(plugins(), &dir, std::slice::from_ref(path), "Describe.", opt_in));
         assert!(stderr.contains(&format!("cannot use {} as an image", path.display())), "{name}: {stderr}");
         assert!(stderr.contains(why), "{name}: expected {why:?} in {stderr}");
     }
     // Small but usable: resized as the reference resizes it, and generation runs.
     let small = write("small.png", &png(3, 2));
-    let out = generate(plugins(), &dir, &[small], "Describe.", &[]);
+    let out = generate(plugins(), &dir, &[small], "Describe.", opt_in);
     assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
 }
 

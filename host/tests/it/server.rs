@@ -193,9 +193,10 @@ fn golden_token_names(name: &str, variant: &str, tokenizer: &Tokenizer) -> serde
 /// EXIF-rotated JPEG where the fixture has them, at once through the server and the openai
 /// client: each gives what it gives alone, and the golden ones give the golden tokens. A family
 /// manifest's `batched` evidence.
-pub(crate) fn mixed_batch_gives_the_golden_tokens(name: &str) {
+pub(crate) fn mixed_batch_gives_the_golden_tokens(name: &str, opt_in: &[&str]) {
     // Qualified capabilities are served without --allow-unqualified.
-    let server = Server::serving(name, plugins(), &["--slots", "4"]);
+    let args: Vec<&str> = ["--slots", "4"].iter().chain(opt_in).copied().collect();
+    let server = Server::serving(name, plugins(), &args);
     check_mixed_batch(&server);
 }
 

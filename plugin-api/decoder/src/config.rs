@@ -757,6 +757,9 @@ impl TextConfig {
             // The tied head would be the stacked table, predicting the additional rows too.
             return Err(invalid(format!("tie_word_embeddings is not implemented for {}", preset.name)));
         }
+        if raw.num_hidden_layers == 0 {
+            return Err(invalid("num_hidden_layers is 0".into()));
+        }
         let intermediates = match &raw.intermediate_size {
             RawIntermediate::One(i) => vec![*i; raw.num_hidden_layers],
             RawIntermediate::PerLayer(sizes) if sizes.len() == raw.num_hidden_layers && !sizes.is_empty() => {
@@ -1082,6 +1085,10 @@ mod tests {
         let mut short = text.clone();
         short["intermediate_size"] = serde_json::json!([128, 128]);
         assert!(TextConfig::parse(&short.to_string()).is_err(), "one width per layer");
+        // Found by fuzzing (config_youtu_vl): no layers indexed an empty width list.
+        let none = config("llama", serde_json::json!({"num_hidden_layers": 0, "layer_types": []}));
+        let err = TextConfig::parse(&none).expect_err("no layers");
+        assert!(err.to_string().contains("num_hidden_layers is 0"), "{err}");
         let err = TextConfig::parse(&config("llama", serde_json::json!({"laurel_rank": 8}))).expect_err("llama");
         assert!(err.to_string().contains("`laurel_rank` is not implemented for llama"), "{err}");
     }

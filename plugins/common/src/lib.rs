@@ -7,17 +7,20 @@
 //! - [`patches`]: the Qwen-VL processors' `smart_resize` and merge-ordered patchify;
 //! - [`qwen_vl`]: the Qwen-VL families' config, processor, prompt layout, M-RoPE contract and
 //!   vision-graph buckets and masks;
+//! - [`contract`]: the 1-D contract of families whose encoder rows replace their image tokens in
+//!   order (`masked_scatter`);
 //! - [`clip`]: the CLIP-style processors' shortest-edge resize and centre crop;
 //! - [`tiling`]: Molmo's choice of overlapping crops for an image (Molmo and Molmo2);
 //! - [`config`]: the processor config's section, nested or flat, into a family's serde mirror;
 //! - [`vit`]: the vision-tower blocks of the encoder graphs (weights by logical name, linears,
-//!   layer norms, the pre-norm SigLIP/CLIP encoder layer, the patch merger, 2-D rotary
-//!   embedding, the patch-grid average pool).
+//!   layer norms, the pre-norm SigLIP/CLIP encoder layer, optionally with 2-D rotary embedding
+//!   and an attention mask, the patch merger, the patch-grid average pool).
 
 #![forbid(unsafe_code)]
 
 pub mod clip;
 pub mod config;
+pub mod contract;
 pub mod image;
 pub mod patches;
 pub mod qwen_vl;

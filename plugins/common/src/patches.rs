@@ -1,6 +1,7 @@
-//! The Qwen-VL processors' geometry, shared by Qwen2-VL, Qwen2.5-VL and Qwen3-VL:
-//! `smart_resize` (both sides a multiple of `patch * merge`, the area within bounds, the
-//! aspect ratio kept) and the merge-ordered patchify of `Qwen2VLImageProcessor`.
+//! The Qwen-VL processors' geometry, shared by Qwen2-VL, Qwen2.5-VL and Qwen3-VL (and taken by
+//! Youtu-VL's): `smart_resize` (both sides a multiple of `patch * merge`, the area within
+//! bounds, the aspect ratio kept), the merge order of patch rows and the merge-ordered patchify
+//! of `Qwen2VLImageProcessor`.
 
 /// Why a size cannot be resized for the encoder.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -80,36 +81,42 @@ impl Patchify {
     /// Cuts a channel-first still image `[channels, height, width]` into patch rows
     /// `[grid_h * grid_w, channels * temporal * patch * patch]`.
     ///
-    /// Rows run over merge blocks (block row, block column), then the patches inside a block
-    /// (row, column), so the `merge * merge` patches the encoder merges are consecutive.
-    /// Within a row the order is channel, frame (the image repeated), pixel row, pixel column:
-    /// the reference's `reshape(c, gh/m, m, p, gw/m, m, p)`, `transpose(1, 4, 2, 5, 0, 3, 6)`
-    /// and the broadcast temporal axis after the channel.
+    /// Rows run in [`Patchify::merge_order`]. Within a row the order is channel, frame (the
+    /// image repeated), pixel row, pixel column: the reference's `reshape(c, gh/m, m, p, gw/m, m,
+    /// p)`, `transpose(1, 4, 2, 5, 0, 3, 6)` and the broadcast temporal axis after the channel.
     ///
     /// `height` and `width` must be multiples of `patch * merge`.
     pub fn patchify(&self, chw: &[f32], channels: usize, height: usize, width: usize) -> (Vec<f32>, PatchGrid) {
-        let (p, m, t) = (self.patch, self.merge, self.temporal);
-        let (gh, gw) = (height / p, width / p);
+        let (p, t) = (self.patch, self.temporal);
+        let grid = self.grid(height, width);
         let plane = height * width;
-        let mut out = Vec::with_capacity(gh * gw * self.row_width(channels));
-        for bh in 0..gh / m {
-            for bw in 0..gw / m {
-                for mh in 0..m {
-                    for mw in 0..m {
-                        let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
-                        for c in 0..channels {
-                            for _ in 0..t {
-                                for y in 0..p {
-                                    let start = c * plane + (y0 + y) * width + x0;
-                                    out.extend_from_slice(&chw[start..start + p]);
-                                }
-                            }
-                        }
+        let mut out = Vec::with_capacity(grid.patches() * self.row_width(channels));
+        for (ph, pw) in self.merge_order(&grid) {
+            let (y0, x0) = (ph * p, pw * p);
+            for c in 0..channels {
+                for _ in 0..t {
+                    for y in 0..p {
+                        let start = c * plane + (y0 + y) * width + x0;
+                        out.extend_from_slice(&chw[start..start + p]);
                     }
                 }
             }
         }
-        (out, PatchGrid { t: 1, h: gh, w: gw })
+        (out, grid)
+    }
+
+    /// The patch grid of a still image of `height x width` pixels.
+    pub fn grid(&self, height: usize, width: usize) -> PatchGrid {
+        PatchGrid { t: 1, h: height / self.patch, w: width / self.patch }
+    }
+
+    /// The (row, column) of each patch of `grid` in the order the patch rows run: merge blocks
+    /// row-major, then the `merge x merge` patches inside a block row-major, so the patches the
+    /// encoder merges into one feature row are consecutive. Every processor whose tower merges
+    /// patches after it cuts its rows in this order (Qwen-VL's, Youtu-VL's).
+    pub fn merge_order(&self, grid: &PatchGrid) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let (m, bh, bw) = (self.merge, grid.h / self.merge, grid.w / self.merge);
+        (0..bh * bw).flat_map(move |b| (0..m * m).map(move |i| ((b / bw) * m + i / m, (b % bw) * m + i % m)))
     }
 }
 
@@ -148,5 +155,18 @@ mod tests {
         assert_eq!(&rows[4 * 4..5 * 4], &[2.0, 2.0, 102.0, 102.0]);
         // Row 8 is the first block of the second block row: pixel (2, 0).
         assert_eq!(&rows[8 * 4..9 * 4], &[20.0, 20.0, 120.0, 120.0]);
+    }
+
+    #[test]
+    fn the_merge_order_runs_over_blocks_then_within_each_block() {
+        let p = Patchify { patch: 16, merge: 2, temporal: 1 };
+        let grid = p.grid(64, 96);
+        assert_eq!(grid, PatchGrid { t: 1, h: 4, w: 6 });
+        let order: Vec<_> = p.merge_order(&grid).collect();
+        assert_eq!(order.len(), 24);
+        assert_eq!(&order[..6], &[(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3)]);
+        // The second block row starts after the first row's three blocks.
+        assert_eq!(&order[12..14], &[(2, 0), (2, 1)]);
+        assert_eq!(order[23], (3, 5));
     }
 }

@@ -2,9 +2,10 @@
 //! its biased linears and layer norms, and the pre-norm ViT encoder layer of SigLIP and CLIP
 //! (`layer_norm1`, self-attention with separate `q_proj`/`k_proj`/`v_proj`/`out_proj`, residual,
 //! `layer_norm2`, `mlp.fc1`, activation, `mlp.fc2`, residual), with its parameter list in the
-//! order the graph declares it; Molmo's ViT block and SwiGLU projector (Molmo and Molmo2); the
-//! Qwen-VL patch merger and 2-D rotary embedding, and the average pool over the patch grid that
-//! projectors use.
+//! order the graph declares it, its attention optionally positioned by the 2-D rotary embedding
+//! and restricted by a mask (Youtu-VL's SigLIP2 layers, windowed as Qwen2.5-VL's); Molmo's ViT
+//! block and SwiGLU projector (Molmo and Molmo2); the Qwen-VL patch merger and 2-D rotary
+//! embedding, and the average pool over the patch grid that projectors use.
 
 use std::collections::HashMap;
 
@@ -39,6 +40,16 @@ pub struct Tower<'a> {
     pub prefix: &'a str,
     /// Every layer norm's epsilon.
     pub eps: f64,
+}
+
+/// What positions and restricts a [`Tower::attention_with`] beyond the plain softmax over
+/// every row: the 2-D rotary tables `(cos, sin)` `[n, head_dim]` ([`rotary_2d`]) applied to q
+/// and k, and an additive f32 mask `[n, n]` added to the scaled scores (0 where a row may
+/// attend, negative infinity elsewhere). The default has neither.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttentionOptions<'a> {
+    pub rotary: Option<(&'a Value, &'a Value)>,
+    pub mask: Option<&'a Value>,
 }
 
 impl Tower<'_> {
@@ -119,19 +130,41 @@ impl Tower<'_> {
     /// under `attn` (`encoder.layers.3.self_attn`); scores scaled after the product, as the
     /// references do.
     pub fn attention(&self, f: &mut Func, x: &Value, attn: &str, heads: usize) -> Value {
+        self.attention_with(f, x, attn, heads, AttentionOptions::default())
+    }
+
+    /// [`Tower::attention`] with `options`: the 2-D rotary embedding on q and k after their
+    /// projections, and an additive mask on the scaled scores (SigLIP2's layers in Youtu-VL's
+    /// windowed tower). Without options it is exactly the plain attention.
+    pub fn attention_with(
+        &self,
+        f: &mut Func,
+        x: &Value,
+        attn: &str,
+        heads: usize,
+        options: AttentionOptions<'_>,
+    ) -> Value {
         let (n, e) = (x.shape()[0], x.shape()[1]);
         let d = e / heads;
         let project = |f: &mut Func, proj: &str| {
             let y = self.linear(f, x, &format!("{attn}.{proj}"));
             f.reshape(&y, &[n, heads, d])
         };
-        let q = project(f, "q_proj");
-        let k = project(f, "k_proj");
+        let mut q = project(f, "q_proj");
+        let mut k = project(f, "k_proj");
         let val = project(f, "v_proj");
+        if let Some((cos, sin)) = options.rotary {
+            q = rope(f, &q, cos, sin);
+            k = rope(f, &k, cos, sin);
+        }
         // scores [heads, n, n] = q k^T, then scaled (torch: matmul(q, k^T) * scaling).
         let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
         let scale = f.splat(scores.ty(), (d as f64).powf(-0.5));
-        let scores = f.mul(&scores, &scale);
+        let mut scores = f.mul(&scores, &scale);
+        if let Some(mask) = options.mask {
+            let mb = f.broadcast(mask, &[heads, n, n], &[1, 2]);
+            scores = f.add(&scores, &mb);
+        }
         let probs = self.c.softmax(f, &scores);
         // [heads, n, d] -> [n, heads * d]
         let out = self.c.matmul(f, &probs, &val, (&[0], &[1]), (&[2], &[0]));
@@ -149,8 +182,21 @@ impl Tower<'_> {
         heads: usize,
         act: impl Fn(&mut Func, &Value) -> Value,
     ) -> Value {
+        self.pre_norm_layer_with(f, x, layer, heads, AttentionOptions::default(), act)
+    }
+
+    /// [`Tower::pre_norm_layer`] with its attention's `options` ([`Tower::attention_with`]).
+    pub fn pre_norm_layer_with(
+        &self,
+        f: &mut Func,
+        x: &Value,
+        layer: &str,
+        heads: usize,
+        options: AttentionOptions<'_>,
+        act: impl Fn(&mut Func, &Value) -> Value,
+    ) -> Value {
         let h = self.layer_norm(f, x, &format!("{layer}.layer_norm1"));
-        let h = self.attention(f, &h, &format!("{layer}.self_attn"), heads);
+        let h = self.attention_with(f, &h, &format!("{layer}.self_attn"), heads, options);
         let x = self.c.residual(f, x, &h);
         let h = self.layer_norm(f, &x, &format!("{layer}.layer_norm2"));
         let h = self.linear(f, &h, &format!("{layer}.mlp.fc1"));

@@ -4,55 +4,18 @@
 //! text embeddings unscaled; 1-D positions `0..n` and a causal mask, as the Llama decoder
 //! has them.
 
-use mlxcel_plugin_api::{
-    AttentionMask, ContractRequest, PluginError, Positions, PrefillProgram, ProgramPlacement, RVec,
-};
+use mlxcel_plugin_api::{ContractRequest, PluginError, PrefillProgram};
 
 use crate::config::LlavaConfig;
 use crate::vision::FEATURES;
 
 pub(crate) fn contract(config: &LlavaConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {
-    let ids = request.token_ids.as_slice();
-    let len = u32::try_from(ids.len()).map_err(|_| PluginError::too_large("the prompt is too long"))?;
-    let token = config.image_token_id;
-    let positions: Vec<usize> = ids.iter().enumerate().filter(|&(_, &t)| t == token).map(|(i, _)| i).collect();
-    let want: u64 = request.items.iter().map(|i| u64::from(i.grid.feature_tokens)).sum();
-    if positions.len() as u64 != want {
-        return Err(PluginError::invalid(format!(
-            "the prompt has {} image tokens; its {} images have {want} feature rows",
-            positions.len(),
-            request.items.len()
-        )));
-    }
-    let mut placements = Vec::with_capacity(request.items.len());
-    let mut taken = 0usize;
-    for (index, item) in request.items.iter().enumerate() {
-        let rows = item.grid.feature_tokens as usize;
-        if rows == 0 {
-            return Err(PluginError::invalid(format!("image {index} has no feature rows")));
-        }
-        let own = &positions[taken..taken + rows];
-        let start = own[0];
-        if own[rows - 1] != start + rows - 1 {
-            return Err(PluginError::invalid(format!(
-                "image {index}'s {rows} image tokens are not consecutive (from token {start})"
-            )));
-        }
-        placements.push(ProgramPlacement::replace_span(index as u32, FEATURES, start as u32, rows as u32));
-        taken += rows;
-    }
-    Ok(PrefillProgram {
-        text_scale: 1.0,
-        placements: placements.into(),
-        positions: Positions::sequential(len),
-        mask: AttentionMask::causal(),
-        injections: RVec::new(),
-    })
+    mlxcel_family_common::contract::replace_in_order(request, config.image_token_id, FEATURES)
 }
 
 #[cfg(test)]
 mod tests {
-    use mlxcel_plugin_api::{ItemMeta, MediaGrid, Modality};
+    use mlxcel_plugin_api::{AttentionMask, ItemMeta, MediaGrid, Modality, Positions};
 
     use super::*;
     use crate::testing::{VARIANT_IMAGES, fixture_config, golden};

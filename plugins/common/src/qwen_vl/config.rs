@@ -58,6 +58,40 @@ impl Geometry {
     }
 }
 
+/// What the shared pieces over merge-ordered patch rows read of a family's config: the
+/// `<|image_pad|>` expansion ([`super::prompt`]) and the vision graphs' buckets and signature
+/// ([`super::vision`]). [`QwenVl`] is the Qwen-VL families'; a family that takes Qwen-VL's patch
+/// rows and placeholder with a config of its own (Youtu-VL, whose positions are not M-RoPE)
+/// implements it too.
+pub trait PatchRows {
+    /// How images are cut into patch rows and merged.
+    fn geometry(&self) -> &Geometry;
+    /// The largest resized image the processor lets through, in pixels.
+    fn max_pixels(&self) -> u64;
+    /// The dtype the checkpoint stores the encoder's weights in.
+    fn weights(&self) -> WeightDtype;
+    /// The token each feature row replaces.
+    fn image_token_id(&self) -> u32;
+}
+
+impl PatchRows for QwenVl {
+    fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    fn max_pixels(&self) -> u64 {
+        self.processor.max_pixels
+    }
+
+    fn weights(&self) -> WeightDtype {
+        self.weights
+    }
+
+    fn image_token_id(&self) -> u32 {
+        self.image_token_id
+    }
+}
+
 /// The image processor's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProcessorConfig {

@@ -2,6 +2,9 @@
 //! processors, prompt layouts and M-RoPE contracts are the same; only their vision towers
 //! differ): the config fields outside the tower, the image processor, `<|image_pad|>`
 //! expansion, the prepared-prefill contract, and the vision graphs' buckets and masks.
+//! Youtu-VL, whose tower is Qwen2.5-VL's windowed one over SigLIP2 layers, takes the processor's
+//! resize, the `<|image_pad|>` expansion and the vision-graph buckets, inputs and masks too,
+//! through [`PatchRows`].
 //!
 //! The reference is transformers' `models/qwen2_vl` (`image_processing_pil_qwen2_vl.py`,
 //! `get_rope_index`), which `models/qwen2_5_vl` reuses for images.
@@ -12,7 +15,7 @@ pub mod processor;
 pub mod prompt;
 pub mod vision;
 
-pub use config::{Geometry, ProcessorConfig, QwenVl};
+pub use config::{Geometry, PatchRows, ProcessorConfig, QwenVl};
 use mlxcel_plugin_api::decoder::{DecoderSpec, presets};
 
 /// The text decoder of a Qwen-VL checkpoint: the qwen2 preset, reading the Hub's flat config

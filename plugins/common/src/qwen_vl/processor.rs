@@ -13,8 +13,8 @@
 
 use mlxcel_plugin_api::{MediaGrid, MediaItem, PluginError, PreprocessOptions, Preprocessed, Tensor};
 
-use super::QwenVl;
-use crate::{Image, Normalize, Patchify, Resample, smart_resize};
+use super::{ProcessorConfig, QwenVl};
+use crate::{Image, Normalize, PatchGrid, Patchify, Resample, smart_resize};
 
 /// Encoder input names shared with the graph.
 pub const PIXEL_VALUES: &str = "pixel_values";
@@ -29,8 +29,34 @@ pub const SEGMENT_CONTINUE: i32 = 1;
 /// One image to encoder inputs. `options.max_pixels` and `min_pixels` tighten the processor's
 /// own bounds on the resized area (they never loosen them).
 pub fn preprocess(config: &QwenVl, item: &MediaItem, options: &PreprocessOptions) -> Result<Preprocessed, PluginError> {
-    let image = Image::from_item(item, "a qwen-vl processor")?;
     let p = &config.processor;
+    let resized = resize(p, item, options, "a qwen-vl processor")?;
+    let chw = resized.to_chw(&Normalize { rescale: p.rescale_factor, mean_std: p.mean_std });
+    let patchify = Patchify { patch: p.patch_size, merge: p.merge_size, temporal: p.temporal_patch_size };
+    let (rows, grid) = patchify.patchify(&chw, 3, resized.height() as usize, resized.width() as usize);
+    let n = grid.patches();
+    let dims = [grid.t as u32, grid.h as u32, grid.w as u32];
+    let mut tensors = vec![
+        Tensor::from_f32(PIXEL_VALUES, &[n as u64, patchify.row_width(3) as u64], &rows)?,
+        Tensor::from_i64(GRID_THW, &[1, 3], &dims.map(i64::from))?,
+    ];
+    tensors.extend(row_tensors(&patchify, &grid)?);
+    let feature_tokens = (n / (p.merge_size * p.merge_size)) as u32;
+    Ok(Preprocessed { tensors: tensors.into(), grid: MediaGrid { dims: dims.to_vec().into(), feature_tokens } })
+}
+
+/// The item decoded and resized as the processor's settings `p` say: `smart_resize` to
+/// multiples of `patch * merge` within the pixel bounds (`options` tighten them, never loosen
+/// them), then Pillow's resampling; an image already that size is kept as it is. `family`
+/// names the processor in the refusal of an item that is not an image. What a processor does
+/// after this (the patch layout within a row, the tensors it hands the encoder) is its own.
+pub fn resize(
+    p: &ProcessorConfig,
+    item: &MediaItem,
+    options: &PreprocessOptions,
+    family: &str,
+) -> Result<Image, PluginError> {
+    let image = Image::from_item(item, family)?;
     let max_pixels = options.max_pixels.into_option().map_or(p.max_pixels, |m| m.min(p.max_pixels));
     let min_pixels = options.min_pixels.into_option().map_or(p.min_pixels, |m| m.max(p.min_pixels));
     let factor = (p.patch_size * p.merge_size) as u32;
@@ -52,42 +78,25 @@ pub fn preprocess(config: &QwenVl, item: &MediaItem, options: &PreprocessOptions
             image.height()
         )));
     }
-    let resized = if (height, width) == (image.height(), image.width()) {
-        image
-    } else {
-        let filter = Resample::from_pil(p.resample)
-            .ok_or_else(|| PluginError::unsupported(format!("pil resampling filter {}", p.resample)))?;
-        image.resize(width, height, filter).map_err(|e| PluginError::invalid(e.to_string()))?
-    };
-    let chw = resized.to_chw(&Normalize { rescale: p.rescale_factor, mean_std: p.mean_std });
-    let patchify = Patchify { patch: p.patch_size, merge: p.merge_size, temporal: p.temporal_patch_size };
-    let (rows, grid) = patchify.patchify(&chw, 3, height as usize, width as usize);
-    let n = grid.patches();
-
-    let m = p.merge_size;
-    let mut positions = Vec::with_capacity(n * 2);
-    for bh in 0..grid.h / m {
-        for bw in 0..grid.w / m {
-            for mh in 0..m {
-                for mw in 0..m {
-                    positions.extend([(bh * m + mh) as i32, (bw * m + mw) as i32]);
-                }
-            }
-        }
+    if (height, width) == (image.height(), image.width()) {
+        return Ok(image);
     }
-    let mut segments = vec![SEGMENT_CONTINUE; n];
-    segments[0] = SEGMENT_START;
+    let filter = Resample::from_pil(p.resample)
+        .ok_or_else(|| PluginError::unsupported(format!("pil resampling filter {}", p.resample)))?;
+    image.resize(width, height, filter).map_err(|e| PluginError::invalid(e.to_string()))
+}
 
+/// What the vision graph needs per patch row of `grid` beside its pixels, in the rows'
+/// [`Patchify::merge_order`]: [`PATCH_POSITIONS`] and [`PATCH_SEGMENTS`].
+pub fn row_tensors(patchify: &Patchify, grid: &PatchGrid) -> Result<[Tensor; 2], PluginError> {
+    let n = grid.patches();
+    let positions: Vec<i32> = patchify.merge_order(grid).flat_map(|(h, w)| [h as i32, w as i32]).collect();
+    let mut segments = vec![SEGMENT_CONTINUE; n];
+    if let Some(first) = segments.first_mut() {
+        *first = SEGMENT_START;
+    }
     let n64 = n as u64;
-    let dims = [grid.t as u32, grid.h as u32, grid.w as u32];
-    let tensors = vec![
-        Tensor::from_f32(PIXEL_VALUES, &[n64, patchify.row_width(3) as u64], &rows)?,
-        Tensor::from_i64(GRID_THW, &[1, 3], &dims.map(i64::from))?,
-        i32_tensor(PATCH_POSITIONS, &[n64, 2], &positions)?,
-        i32_tensor(PATCH_SEGMENTS, &[n64], &segments)?,
-    ];
-    let feature_tokens = (n / (m * m)) as u32;
-    Ok(Preprocessed { tensors: tensors.into(), grid: MediaGrid { dims: dims.to_vec().into(), feature_tokens } })
+    Ok([i32_tensor(PATCH_POSITIONS, &[n64, 2], &positions)?, i32_tensor(PATCH_SEGMENTS, &[n64], &segments)?])
 }
 
 fn i32_tensor(name: &str, shape: &[u64], values: &[i32]) -> Result<Tensor, PluginError> {

@@ -4,18 +4,18 @@
 
 use mlxcel_plugin_api::{ItemLayout, LayoutRequest, MediaGrid, Modality, PluginError, PromptLayout};
 
-use super::QwenVl;
+use super::PatchRows;
 
 /// The image placeholder token's text.
 pub const IMAGE_PAD: &str = "<|image_pad|>";
 
 /// The feature rows (and pad tokens) of an item with grid `(t, h, w)` in patches.
-pub fn feature_tokens(config: &QwenVl, grid: &MediaGrid) -> Result<u32, PluginError> {
+pub fn feature_tokens(config: &impl PatchRows, grid: &MediaGrid) -> Result<u32, PluginError> {
     let dims = grid.dims.as_slice();
     let &[t, h, w] = dims else {
         return Err(PluginError::invalid(format!("a qwen-vl grid is (t, h, w), got {dims:?}")));
     };
-    let merge = config.geometry.spatial_merge_size as u32;
+    let merge = config.geometry().spatial_merge_size as u32;
     if h % merge != 0 || w % merge != 0 {
         return Err(PluginError::invalid(format!("grid {h}x{w} is not a multiple of the merge size {merge}")));
     }
@@ -25,7 +25,7 @@ pub fn feature_tokens(config: &QwenVl, grid: &MediaGrid) -> Result<u32, PluginEr
 }
 
 /// Replaces the `i`-th `<|image_pad|>` with item `i`'s run of pad tokens.
-pub fn layout(config: &QwenVl, request: &LayoutRequest) -> Result<PromptLayout, PluginError> {
+pub fn layout(config: &impl PatchRows, request: &LayoutRequest) -> Result<PromptLayout, PluginError> {
     let prompt = request.prompt.as_str();
     let placeholders = prompt.matches(IMAGE_PAD).count();
     if placeholders != request.items.len() {
@@ -52,7 +52,7 @@ pub fn layout(config: &QwenVl, request: &LayoutRequest) -> Result<PromptLayout, 
         text.push_str(&expansion);
         text.push_str(rest);
         items.push(ItemLayout {
-            feature_token_id: config.image_token_id,
+            feature_token_id: config.image_token_id(),
             feature_tokens: n,
             expansion: expansion.into(),
         });
@@ -65,6 +65,7 @@ mod tests {
     use mlxcel_plugin_api::{ItemMeta, RVec};
 
     use super::*;
+    use crate::qwen_vl::QwenVl;
     use crate::qwen_vl::testing::{FIXTURES, VARIANTS, fixture_config, golden, grid, grids};
 
     fn request(config: &QwenVl, prompt: &str, grids: &[[u32; 3]]) -> LayoutRequest {

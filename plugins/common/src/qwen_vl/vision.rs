@@ -10,7 +10,7 @@ use mlxcel_plugin_api::{
     DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
-use super::QwenVl;
+use super::PatchRows;
 use super::processor::{PATCH_POSITIONS, PATCH_SEGMENTS, PIXEL_VALUES, SEGMENT_START};
 
 /// The graph's output, placed by the contract.
@@ -23,9 +23,10 @@ const SMALLEST_BUCKET: usize = 64;
 
 /// Patch-row counts of the buckets: 64, 96, 128, 192, 256, ... (see [`SMALLEST_BUCKET`]) until
 /// the processor's largest image fits. All are multiples of the 2x2 merge.
-pub fn bucket_sizes(config: &QwenVl) -> Vec<usize> {
-    let area = (config.geometry.patch_size * config.geometry.patch_size) as u64;
-    let most = config.processor.max_pixels.div_ceil(area.max(1)) as usize;
+pub fn bucket_sizes(config: &impl PatchRows) -> Vec<usize> {
+    let patch = config.geometry().patch_size;
+    let area = (patch * patch) as u64;
+    let most = config.max_pixels().div_ceil(area.max(1)) as usize;
     let mut sizes = vec![SMALLEST_BUCKET];
     while let Some(&n) = sizes.last().filter(|&&n| n < most) {
         // n is a power of two times 64, or 1.5 times one.
@@ -64,10 +65,10 @@ impl Signature {
     }
 
     /// The graph's inputs for a bucket of `n` patch rows.
-    fn inputs(&self, config: &QwenVl, n: usize) -> Vec<TensorSpec> {
+    fn inputs(&self, config: &impl PatchRows, n: usize) -> Vec<TensorSpec> {
         let n64 = n as u64;
         let mut specs = vec![
-            TensorSpec::new(PIXEL_VALUES, DType::F32, &[n64, config.geometry.patch_width() as u64]),
+            TensorSpec::new(PIXEL_VALUES, DType::F32, &[n64, config.geometry().patch_width() as u64]),
             TensorSpec::new(PATCH_POSITIONS, DType::I32, &[n64, 2]),
             TensorSpec::new(PATCH_SEGMENTS, DType::I32, &[n64]),
         ];
@@ -76,7 +77,7 @@ impl Signature {
     }
 
     /// The emitted function's argument types for `n` rows, in input order.
-    pub fn argument_types(&self, config: &QwenVl, n: usize) -> Vec<Type> {
+    pub fn argument_types(&self, config: &impl PatchRows, n: usize) -> Vec<Type> {
         self.inputs(config, n)
             .iter()
             .map(|spec| {
@@ -92,7 +93,7 @@ impl Signature {
 
 /// The image buckets; `family` names the plugin in the refusal of another modality.
 pub fn buckets(
-    config: &QwenVl,
+    config: &impl PatchRows,
     signature: &Signature,
     modality: Modality,
     family: &str,
@@ -107,7 +108,7 @@ pub fn buckets(
 }
 
 /// The patch rows of the bucket `request` names.
-fn requested_rows(config: &QwenVl, request: &EncoderGraphRequest) -> Result<usize, PluginError> {
+fn requested_rows(config: &impl PatchRows, request: &EncoderGraphRequest) -> Result<usize, PluginError> {
     bucket_sizes(config)
         .into_iter()
         .find(|&n| bucket_id(n) == request.bucket.as_str() && request.modality == Modality::Image)
@@ -118,7 +119,7 @@ fn requested_rows(config: &QwenVl, request: &EncoderGraphRequest) -> Result<usiz
 /// rows reading the weights `parameters` (logical name and shape, in declaration order), with
 /// the inputs and outputs of `signature`.
 pub fn encoder_graph(
-    config: &QwenVl,
+    config: &impl PatchRows,
     signature: &Signature,
     request: &EncoderGraphRequest,
     parameters: &[(String, Vec<usize>)],
@@ -126,13 +127,13 @@ pub fn encoder_graph(
 ) -> Result<EncoderGraph, PluginError> {
     let n = requested_rows(config, request)?;
     let stablehlo = emit(n).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
-    let rows = (n / config.geometry.merge_area()) as u64;
+    let rows = (n / config.geometry().merge_area()) as u64;
     Ok(EncoderGraph {
         bucket: request.bucket.clone(),
         stablehlo: stablehlo.into(),
         entry_function: "main".into(),
         parameter_scope: "model".into(),
-        parameters: crate::vit::parameter_specs(parameters, config.weights),
+        parameters: crate::vit::parameter_specs(parameters, config.weights()),
         inputs: signature.inputs(config, n).into(),
         outputs: signature
             .outputs
