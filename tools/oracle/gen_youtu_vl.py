@@ -15,6 +15,11 @@ to multiples of 32 px, rescale and normalise to [-1, 1], 16 px patches flattened
 ordered by 2x2 merge unit, as the tower's rotary and window indexing assume. The encoder and decoder
 goldens are exact for these pixels; a processor implementation cannot be qualified from this fixture.
 
+Besides the four standard variants, the wide picture as a client would send it (common.client_formats): a JPEG
+(4:2:0, quality 90), a lossy WebP (quality 80) and a JPEG stored a quarter turn off with EXIF orientation 6. Their
+goldens start from the file as decoded (Pillow, ImageOps.exif_transpose, convert("RGB"): transformers' load_image,
+checked equal to mlx-vlm's load_image, gen_molmo.read_image), then the stand-in preprocessing as for a PNG.
+
 Stages: pixel_values, spatial_shapes, image_features (merger output, the rows placed at <|image_pad|>),
 inputs_embeds, position_ids, attention_mask.full_attention (the language model's own causal mask), logits, 16
 greedy tokens decoded with the KV cache."""
@@ -22,6 +27,7 @@ greedy tokens decoded with the KV cache."""
 import json
 
 import common
+import gen_molmo
 import gen_qwen2_vl
 import mlx.core as mx
 import numpy as np
@@ -49,6 +55,24 @@ CONFIG = {
     "bos_token_id": IDS["<|endoftext|>"], "eos_token_id": [IDS["<|im_end|>"]], "pad_token_id": IDS["<|endoftext|>"],
 }
 IMAGES = {"wide": (100, 60, 0), "tall": (50, 90, 1)}
+# The wide picture as clients send it: a JPEG, a lossy WebP, an EXIF-rotated JPEG (one single-image variant each).
+ENCODED, CLIENT_VARIANTS = common.client_formats(common.synthetic_image(*IMAGES["wide"]), "wide")
+# Each media name's file under the fixture.
+FILES = {**{k: f"inputs/{k}.png" for k in IMAGES}, **{k: f"inputs/{k}.{e.ext}" for k, e in ENCODED.items()}}
+NOTES = [
+    "transformers has no Youtu-VL; mlx-vlm is the reference and there is no second implementation",
+    "pixel_values come from a stand-in preprocessing (no reference processor is available): "
+    "the encoder and decoder goldens are exact for them, the preprocessing stage is not qualified",
+    "kv_b_proj is stored fused, as in Hugging Face checkpoints; mlx-vlm splits it on load",
+    "image_jpeg, image_webp, image_jpeg_exif: inputs/wide_jpeg.jpg, inputs/wide_webp.webp, inputs/wide_exif.jpg (the "
+    "wide picture as a JPEG 4:2:0 quality 90, a lossy WebP quality 80, a JPEG stored a quarter turn off with EXIF "
+    "orientation 6); their goldens start from the decoded file (transformers' load_image, checked equal to mlx-vlm's "
+    "load_image), then the stand-in preprocessing",
+]
+
+
+def variants() -> list[common.Variant]:
+    return common.standard_variants("tall", "wide") + CLIENT_VARIANTS
 
 
 def to_hf(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -89,8 +113,15 @@ def build(out) -> None:
     (out / "config.json").write_bytes(common.json_bytes(CONFIG))
     tok = common.hf_tokenizer(SPECIALS, CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tok.save_pretrained(out)
+    write_inputs(out)
+
+
+def write_inputs(out) -> None:
+    """inputs/: the PNG pictures and the client-encoded files, the same bytes for every Youtu-VL fixture."""
     for name, (w, h, kind) in IMAGES.items():
         common.save_image(common.synthetic_image(w, h, kind), out, name)
+    for name, enc in ENCODED.items():
+        common.save_encoded(enc, out, name)
 
 
 def preprocess(img) -> tuple[np.ndarray, tuple[int, int]]:
@@ -112,7 +143,7 @@ def preprocess(img) -> tuple[np.ndarray, tuple[int, int]]:
 def run_variant(model, tok, fixture, v: common.Variant) -> common.Golden:
     messages = v.messages()
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    imgs = [common.load_image(fixture, f"inputs/{i}.png") for i in v.media("image")]
+    imgs = [gen_molmo.read_image(fixture, FILES[i]) for i in v.media("image")]
     prepared = [preprocess(im) for im in imgs]
     # Expand each image placeholder to one <|image_pad|> per merged 2x2 unit, then tokenize once.
     pieces = prompt.split("<|image_pad|>")
@@ -133,7 +164,7 @@ def run_variant(model, tok, fixture, v: common.Variant) -> common.Golden:
         g.put("pixel_values", torch.from_numpy(np.array(pixels[0])))
         g.put("spatial_shapes", torch.from_numpy(np.array(shapes)))
         g.put("image_features", torch.from_numpy(np.array(model.vision_tower(pixels, shapes))))
-        g.meta.update(images=[f"inputs/{i}.png" for i in v.media("image")],
+        g.meta.update(images=[FILES[i] for i in v.media("image")],
                       image_sizes=[list(im.size) for im in imgs],
                       image_backend="stand-in (no reference processor): PIL bicubic, see gen_youtu_vl.preprocess")
     g.meta.update(messages=messages, prompt=prompt, expanded_prompt=text)
@@ -149,13 +180,8 @@ def load_tokenizer(fixture):
 def main() -> None:
     args = common.parse_args(__doc__)
     common.mlx_fixture(
-        "youtu_vl", "gen_youtu_vl.py", build, load_tokenizer, run_variant, common.standard_variants("tall", "wide"),
-        check=args.check,
-        reference="mlx-vlm YoutuVL (models/youtu_vl) on mlx-cpu, fp32; stand-in preprocessing",
-        notes=["transformers has no Youtu-VL; mlx-vlm is the reference and there is no second implementation",
-               "pixel_values come from a stand-in preprocessing (no reference processor is available): "
-               "the encoder and decoder goldens are exact for them, the preprocessing stage is not qualified",
-               "kv_b_proj is stored fused, as in Hugging Face checkpoints; mlx-vlm splits it on load"],
+        "youtu_vl", "gen_youtu_vl.py", build, load_tokenizer, run_variant, variants(), check=args.check,
+        reference="mlx-vlm YoutuVL (models/youtu_vl) on mlx-cpu, fp32; stand-in preprocessing", notes=NOTES,
     )
 
 

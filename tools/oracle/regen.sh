@@ -16,7 +16,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-all=(qwen2 qwen2_bf16 qwen2_bf16_f32 llama qwen3 youtu gemma3_text gemma3_text_softcap qwen2_vl gemma3 llava bf16 mlx_quant mlx_vlm_quant qwen2_5_vl qwen3_vl molmo2 molmo2_olmo gemma3n molmo molmo_bf16 molmo_mlx molmo_mlx_q4 youtu_vl hub images)
+all=(qwen2 qwen2_bf16 qwen2_bf16_f32 llama qwen3 youtu gemma3_text gemma3_text_softcap qwen2_vl gemma3 llava bf16 mlx_quant mlx_vlm_quant qwen2_5_vl qwen3_vl molmo2 molmo2_olmo gemma3n molmo molmo_bf16 molmo_mlx molmo_mlx_q4 youtu_vl youtu_vl_bf16 hub images)
 
 mode=write
 if [[ "${1:-}" == "--check" ]]; then mode=check; shift; fi
