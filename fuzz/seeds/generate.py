@@ -83,6 +83,14 @@ def main() -> None:
 
     seeds["media_decode"] = {name: read(f"images/{name}") for name in IMAGES}
 
+    # The audio family: its config, and its clips (with and without a limit) for the WAV decoder
+    # and the features.
+    g3n = "gemma3n"
+    seeds["config_gemma3n"] = {"fixture": joined(read(f"{g3n}/config.json"), read(f"{g3n}/processor_config.json")),
+                               "config_only": read(f"{g3n}/config.json")}
+    chirp, short = read(f"{g3n}/inputs/chirp.wav"), read(f"{g3n}/inputs/short_chirp.wav")
+    seeds["preprocess_gemma3n"] = {"chirp": b"\0\0" + chirp, "short_chirp_limit_1s": (10).to_bytes(2, "little") + short,
+                                   "truncated": b"\0\0" + chirp[:40]}
     for family, fixture, processor in FAMILIES:
         config, proc = read(f"{fixture}/config.json"), read(f"{fixture}/{processor}") if processor else b""
         seeds[f"config_{family}"] = {"fixture": joined(config, proc), "config_only": config}

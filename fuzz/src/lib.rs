@@ -106,6 +106,22 @@ const MAX_RGB_PIXELS: u32 = 1 << 18;
 /// (`u16`, each taken modulo 1024, at least 1) and the rest the pixels, repeated to fill them.
 /// Bits 1 and 2 pass the bounds as `max_pixels` and `min_pixels`. Every tensor returned must
 /// hold the bytes its shape declares (the ABI's own check).
+/// One audio clip through `preprocess` with the fixture's config: two little-endian `u16`
+/// bytes of a clip limit in tenths of a second (0: none), then the encoded clip (WAV as a
+/// client sends it).
+pub fn family_audio<P: FamilyPlugin>(config: &P::Config, data: &[u8]) {
+    let [l0, l1, payload @ ..] = data else { return };
+    let limit = u64::from(u16::from_le_bytes([*l0, *l1])) * 100;
+    let options = PreprocessOptions { max_audio_ms: (limit > 0).then_some(limit).into(), ..Default::default() };
+    if let Ok(out) = P::preprocess(config, &MediaItem::EncodedAudio(payload.to_vec().into()), &options) {
+        for tensor in out.tensors.iter() {
+            if let Err(e) = tensor.validate() {
+                panic!("preprocess returned a tensor its bytes do not fill: {e:?}");
+            }
+        }
+    }
+}
+
 pub fn family_preprocess<P: FamilyPlugin>(config: &P::Config, data: &[u8]) {
     let [mode, m0, m1, m2, m3, n0, n1, n2, n3, payload @ ..] = data else { return };
     let options = PreprocessOptions {

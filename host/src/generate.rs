@@ -36,6 +36,11 @@ pub(crate) struct GenerateArgs {
     /// preprocesses and encodes it.
     #[arg(long = "image", value_name = "FILE", conflicts_with = "raw")]
     images: Vec<PathBuf>,
+    /// An audio clip (WAV) placed after the images, before the prompt, in the user message
+    /// (repeatable, in order); the checkpoint's family plugin decodes, preprocesses and encodes
+    /// it.
+    #[arg(long = "audio", value_name = "FILE", conflicts_with = "raw")]
+    audio: Vec<PathBuf>,
     /// Serve capabilities the plugin's manifest does not mark qualified (experimental ones).
     #[arg(long)]
     allow_unqualified: bool,
@@ -121,6 +126,7 @@ struct Report<'a> {
     prompt: &'a str,
     #[serde(skip_serializing_if = "<[PathBuf]>::is_empty")]
     images: &'a [PathBuf],
+    audio: &'a [PathBuf],
     prompt_ids: &'a [u32],
     tokens: &'a [u32],
     text: &'a str,
@@ -161,7 +167,8 @@ fn run(args: &GenerateArgs) -> Result<()> {
         presence_penalty: args.presence_penalty,
     };
     let mut sampler = Sampler::new(params, args.seed).context("invalid sampling parameters")?;
-    let contract = args.compute.contract(args.allow_unqualified, !args.images.is_empty())?;
+    let with_media = !args.images.is_empty() || !args.audio.is_empty();
+    let contract = args.compute.contract(args.allow_unqualified, with_media)?;
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
@@ -174,7 +181,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     // Media first: the plugin, its capability gate and every image are checked before any
     // compile.
     let plugins;
-    let (mut media, spec, start) = if args.images.is_empty() {
+    let (mut media, spec, start) = if !with_media {
         // A text prompt still takes the decoder (and the prompt start) the checkpoint's plugin
         // declares, when a plugin directory is given and one accepts it.
         let (spec, start) = match args.plugins.dir() {
@@ -191,7 +198,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     } else {
         plugins = args.plugins.scan()?;
         let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
-        let media = MediaRequest::open(&plugins.1, &plugins.0, dir, &args.images, policy)?;
+        let media = MediaRequest::open(&plugins.1, &plugins.0, dir, (&args.images, &args.audio), policy)?;
         let spec = media.decoder_spec()?;
         (Some(media), spec, None)
     };
@@ -205,11 +212,13 @@ fn run(args: &GenerateArgs) -> Result<()> {
         if let Some(system) = &args.system {
             messages.push(Message::new("system", system));
         }
-        if args.images.is_empty() {
+        if !with_media {
             messages.push(Message::new("user", &args.prompt));
         } else {
+            let images = args.images.iter().map(|_| "image");
+            let clips = args.audio.iter().map(|_| "audio");
             let mut parts: Vec<Part> =
-                args.images.iter().map(|_| Part { kind: "image".to_owned(), text: None }).collect();
+                images.chain(clips).map(|kind| Part { kind: kind.to_owned(), text: None }).collect();
             parts.push(Part { kind: "text".to_owned(), text: Some(args.prompt.clone()) });
             messages.push(Message {
                 role: "user".to_owned(),
@@ -318,6 +327,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
             model: dir,
             prompt: &prompt,
             images: &args.images,
+            audio: &args.audio,
             prompt_ids: &ids,
             tokens: &tokens,
             text: &text,

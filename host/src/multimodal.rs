@@ -185,13 +185,20 @@ impl<'a> MediaModel<'a> {
         self.prompt_start
     }
 
-    /// Checks that a request with `images` images may be served under `policy`: the capability
-    /// gate (`image`, and `multi_image` for more than one), the checkpoint's form where the
-    /// manifest qualifies it apart (`forms.mlx_affine`), and the manifest's count limit.
-    pub(crate) fn admit(&self, images: usize, policy: QualificationPolicy) -> Result<(), MediaRefusal> {
-        let mut capabilities = vec![Capability::Image];
+    /// Checks that a request with `images` images and `clips` audio clips may be served under
+    /// `policy`: the capability gate (`image`, and `multi_image` for more than one; `audio`),
+    /// the checkpoint's form where the manifest qualifies it apart (`forms.mlx_affine`), and the
+    /// manifest's image count limit.
+    pub(crate) fn admit(&self, images: usize, clips: usize, policy: QualificationPolicy) -> Result<(), MediaRefusal> {
+        let mut capabilities = Vec::new();
+        if images > 0 {
+            capabilities.push(Capability::Image);
+        }
         if images > 1 {
             capabilities.push(Capability::MultiImage);
+        }
+        if clips > 0 {
+            capabilities.push(Capability::Audio);
         }
         for capability in capabilities {
             self.plugin.check_capability(capability, policy).map_err(MediaRefusal::Capability)?;
@@ -207,36 +214,62 @@ impl<'a> MediaModel<'a> {
         Ok(())
     }
 
-    /// Preprocesses every image (encoded bytes and the detail it is seen at, in prompt order),
-    /// refusing any whose declared size exceeds `max_input_pixels` before decoding it; an image
-    /// the encoder cache holds at that detail is taken from it instead. A failure is the
-    /// input's unless the plugin reports a fault of its own.
+    /// Preprocesses every item (encoded bytes, their modality and the detail an image is seen
+    /// at, in prompt order), refusing an image whose declared size exceeds `max_input_pixels`
+    /// before decoding it; an item the encoder cache holds at that detail is taken from it
+    /// instead. A failure is the input's unless the plugin reports a fault of its own.
     pub(crate) fn request(
         &'a self,
-        images: &[(Vec<u8>, Detail)],
+        inputs: &[MediaInput],
         max_input_pixels: u64,
     ) -> Result<MediaRequest<'a>, MediaError> {
         let mut items = Vec::new();
-        for (index, (bytes, detail)) in images.iter().enumerate() {
-            let digest = self.digest(bytes, *detail);
+        let mut seen = [0usize; 2];
+        for input in inputs {
+            let (kind, count) = match input.modality {
+                Modality::Image => ("image", &mut seen[0]),
+                _ => ("audio clip", &mut seen[1]),
+            };
+            *count += 1;
+            let number = *count;
+            let digest = self.digest_of(input);
             if let Some(encoded) = self.cache.as_ref().and_then(|c| c.get(&digest)) {
-                items.push((Item::Encoded(encoded), digest));
+                items.push((Item::Encoded(encoded), digest, input.modality));
                 continue;
             }
-            let item = self.item(bytes, *detail, max_input_pixels).with_context(|| format!("image {}", index + 1));
-            items.push((Item::Preprocessed(item.map_err(|e| MediaError::classify(e, Fault::Input))?), digest));
+            let item = self.item(input, max_input_pixels).with_context(|| format!("{kind} {number}"));
+            let item = item.map_err(|e| MediaError::classify(e, Fault::Input))?;
+            items.push((Item::Preprocessed(item), digest, input.modality));
         }
         Ok(self.assemble(items, self.cache.as_ref()))
     }
 
-    fn item(&self, bytes: &[u8], detail: Detail, max_input_pixels: u64) -> Result<Preprocessed> {
-        let options = &self.profile(detail).options;
-        preprocess_with(self.plugin, &self.config, Modality::Image, bytes, options, max_input_pixels)
+    /// An item's digest: its bytes under the encoder identity of its detail (an audio clip has
+    /// one resolution, its full one), and its modality, so no image and clip share a digest.
+    fn digest_of(&self, input: &MediaInput) -> Digest {
+        match input.modality {
+            Modality::Image => self.digest(&input.bytes, input.detail),
+            other => {
+                let mut tagged = other.as_str().as_bytes().to_vec();
+                tagged.push(0);
+                tagged.extend_from_slice(&input.bytes);
+                self.digest(&tagged, Detail::Full)
+            }
+        }
     }
 
-    fn assemble(&self, items: Vec<(Item, Digest)>, cache: Option<&'a EncoderCache>) -> MediaRequest<'a> {
-        let metas = items.iter().map(|(p, _)| ItemMeta { modality: Modality::Image, grid: p.grid().clone() }).collect();
-        let (items, digests) = items.into_iter().unzip();
+    fn item(&self, input: &MediaInput, max_input_pixels: u64) -> Result<Preprocessed> {
+        let options = match input.modality {
+            Modality::Image => self.profile(input.detail).options.clone(),
+            _ => self.full.options.clone(),
+        };
+        preprocess_with(self.plugin, &self.config, input.modality, &input.bytes, &options, max_input_pixels)
+    }
+
+    fn assemble(&self, items: Vec<(Item, Digest, Modality)>, cache: Option<&'a EncoderCache>) -> MediaRequest<'a> {
+        let metas =
+            items.iter().map(|(p, _, modality)| ItemMeta { modality: *modality, grid: p.grid().clone() }).collect();
+        let (items, digests) = items.into_iter().map(|(item, digest, _)| (item, digest)).unzip();
         MediaRequest {
             plugin: self.plugin,
             config: self.config.clone(),
@@ -247,6 +280,14 @@ impl<'a> MediaModel<'a> {
             cache,
         }
     }
+}
+
+/// One media item of a request as the client sent it: its encoded bytes (an image file, a WAV
+/// clip), its modality, and for an image the detail it is seen at.
+pub(crate) struct MediaInput {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) modality: Modality,
+    pub(crate) detail: Detail,
 }
 
 /// Whose fault a failed media request is: what the server's status code says.
@@ -384,25 +425,28 @@ impl<'a> MediaRequest<'a> {
         decoder_spec(self.plugin, &self.config)
     }
 
-    /// `generate --image`: opens the checkpoint's plugin, checks the request under `policy` and
-    /// preprocesses every image file.
+    /// `generate --image/--audio`: opens the checkpoint's plugin, checks the request under
+    /// `policy` and preprocesses every image file, then every audio file.
     pub(crate) fn open(
         plugins: &'a PluginSet,
         plugin_dir: &Path,
         model: &Path,
-        images: &[PathBuf],
+        (images, clips): (&[PathBuf], &[PathBuf]),
         policy: QualificationPolicy,
     ) -> Result<Self> {
         let media = MediaModel::open(plugins, plugin_dir, model)?;
         media.check_checkpoint(model)?;
-        media.admit(images.len(), policy)?;
+        media.admit(images.len(), clips.len(), policy)?;
         let mut items = Vec::new();
-        for path in images {
-            let bytes = std::fs::read(path).with_context(|| format!("cannot read the image {}", path.display()))?;
+        let files = images.iter().map(|p| (p, Modality::Image)).chain(clips.iter().map(|p| (p, Modality::Audio)));
+        for (path, modality) in files {
+            let kind = if modality == Modality::Image { "an image" } else { "audio" };
+            let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let input = MediaInput { bytes, modality, detail: Detail::Full };
             let item = media
-                .item(&bytes, Detail::Full, MAX_INPUT_PIXELS)
-                .with_context(|| format!("cannot use {} as an image", path.display()))?;
-            items.push((Item::Preprocessed(item), media.digest(&bytes, Detail::Full)));
+                .item(&input, MAX_INPUT_PIXELS)
+                .with_context(|| format!("cannot use {} as {kind}", path.display()))?;
+            items.push((Item::Preprocessed(item), media.digest_of(&input), modality));
         }
         Ok(media.assemble(items, None))
     }
@@ -550,7 +594,9 @@ fn preprocess_options(limits: &Limits, detail: Detail) -> PreprocessOptions {
         (Detail::Low, Some(low)) => Some(limits.max_pixels_per_image.map_or(low, |max| max.min(low))),
         _ => limits.max_pixels_per_image,
     };
-    PreprocessOptions { max_pixels: max_pixels.into(), ..Default::default() }
+    // The manifest's audio limit bounds each clip; the plugin refuses a longer one clearly.
+    let max_audio_ms = limits.max_audio_seconds_per_request.map(|s| (s * 1000.0).round() as u64);
+    PreprocessOptions { max_pixels: max_pixels.into(), max_audio_ms: max_audio_ms.into(), ..Default::default() }
 }
 
 /// See [`MediaModel`]'s `identity`.

@@ -13,7 +13,8 @@ The vision tower is a tiny timm test model standing in for MobileNetV5 (which ca
 audio path is recorded.
 
 Stages: input_features, input_features_mask, audio_hidden (conformer output), audio_mel_mask,
-audio_features (embed_audio output), per_layer_inputs (token-indexed per-layer embeddings, before the
+audio_features (the rows placed at the soft tokens: embed_audio's output, masked frames and the rows past the
+clip's as the padding embedding), per_layer_inputs (token-indexed per-layer embeddings, before the
 projection), inputs_embeds, position_ids, attention masks (sliding and full), logits, 16 greedy tokens."""
 
 import common
@@ -60,9 +61,18 @@ def variants() -> list[common.Variant]:
 
 
 def encoder(model, inputs):
+    """The conformer's output and mask, and the rows placed at each clip's soft tokens, as
+    Gemma3nModel.forward places them: masked frames and the rows past the clip's take the
+    embedding of id vocab_size - 1."""
+    import torch
+
     out = model.model.get_audio_features(inputs["input_features"], ~inputs["input_features_mask"])
-    return {"audio_hidden": out.last_hidden_state, "audio_mel_mask": out.audio_mel_mask,
-            "audio_features": out.pooler_output}
+    features, mask = out.pooler_output, out.audio_mel_mask
+    pad = model.model.embed_audio(input_ids=torch.tensor([[model.model.vocab_size - 1]]))
+    placed = torch.where(mask.unsqueeze(-1), pad, features)
+    extra = pad.expand(placed.shape[0], AUDIO_TOKENS - placed.shape[1], placed.shape[2])
+    return {"audio_hidden": out.last_hidden_state, "audio_mel_mask": mask,
+            "audio_features": torch.cat((placed, extra), dim=1)}
 
 
 def per_layer_inputs(model, inputs, g) -> None:

@@ -291,7 +291,7 @@ pub(crate) struct ImageUrl {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct InputAudio {
-    #[allow(dead_code)]
+    /// The clip's bytes, base64.
     pub(crate) data: String,
     pub(crate) format: String,
 }

@@ -28,7 +28,7 @@ use mlxcel_host::engine::{FinishReason, SubmitError};
 use mlxcel_host::grammar::{Constraint, Grammar, Vocabulary};
 use mlxcel_host::sampling::{Sampler, SamplingParams, TokenLogprobs};
 use mlxcel_host::text::{ChatTemplate, Content, Detokenizer, Message, Part, StopStrings, Tokenizer};
-use mlxcel_plugin_api::{Capability, Error as PluginApiError, QualificationPolicy, Status};
+use mlxcel_plugin_api::{Capability, Error as PluginApiError, Modality, QualificationPolicy, Status};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -44,7 +44,7 @@ use super::fetch::RemoteImages;
 use super::metrics::{Metrics, Open};
 use super::tools::{CallScanner, ToolChoice, Tools};
 use super::weights::WeightFiles;
-use crate::multimodal::{Detail, Fault, MediaError, MediaModel, MediaRefusal, MediaRequest};
+use crate::multimodal::{Detail, Fault, MediaError, MediaInput, MediaModel, MediaRefusal, MediaRequest};
 
 /// Stop strings a request may give.
 const MAX_STOP_STRINGS: usize = 16;
@@ -339,7 +339,7 @@ async fn start_chat(
     let definitions = tools.map(|t| t.definitions);
     let (messages, sources) = messages(request.messages, state)?;
     let mut images = Vec::with_capacity(sources.len());
-    for ImagePart { source, detail } in sources {
+    for ImagePart { source, detail, modality } in sources {
         let bytes = match source {
             ImageSource::Inline(bytes) => bytes,
             ImageSource::Remote(url) => {
@@ -350,7 +350,7 @@ async fn start_chat(
                     .map_err(|e| ApiError::invalid("image_fetch_failed", e.to_string()).param("messages"))?
             }
         };
-        images.push((bytes, detail));
+        images.push(MediaInput { bytes, modality, detail });
     }
 
     // Template, tokens and media preprocessing on the blocking pool.
@@ -709,6 +709,7 @@ enum ImageSource {
 struct ImagePart {
     source: ImageSource,
     detail: Detail,
+    modality: Modality,
 }
 
 /// The chat turns for the template and the images in prompt order, from the wire format.
@@ -763,18 +764,37 @@ fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec
                             images.push(ImagePart {
                                 source: image_source(&image_url.url, state.remote.is_some())?,
                                 detail,
+                                modality: Modality::Image,
                             });
                             out.push(Part { kind: "image".to_owned(), text: None });
                         }
                         ContentPart::InputAudio { input_audio } => {
-                            let why = match state.media {
-                                None => "this model takes no audio".to_owned(),
-                                Some(media) => match media.plugin().check_capability(Capability::Audio, state.policy) {
-                                    Err(e) => e.to_string(),
-                                    Ok(_) => format!("{} audio is not decoded by this server yet", input_audio.format),
-                                },
-                            };
-                            return Err(ApiError::invalid("unsupported_content", why).param("messages"));
+                            // OpenAI's formats are wav and mp3; the family plugins decode WAV.
+                            if input_audio.format != "wav" {
+                                return Err(ApiError::invalid(
+                                    "unsupported_audio_format",
+                                    format!(
+                                        "input_audio.format `{}` is not decoded; send the clip as wav",
+                                        input_audio.format
+                                    ),
+                                )
+                                .param("messages"));
+                            }
+                            let bytes = base64::engine::general_purpose::STANDARD
+                                .decode(input_audio.data.trim())
+                                .map_err(|e| {
+                                    ApiError::invalid(
+                                        "invalid_base64",
+                                        format!("input_audio.data is not valid base64: {e}"),
+                                    )
+                                    .param("messages")
+                                })?;
+                            images.push(ImagePart {
+                                source: ImageSource::Inline(bytes),
+                                detail: Detail::Full,
+                                modality: Modality::Audio,
+                            });
+                            out.push(Part { kind: "audio".to_owned(), text: None });
                         }
                     }
                 }
@@ -791,7 +811,8 @@ fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec
             )
             .param("messages"));
         };
-        media.admit(images.len(), state.policy).map_err(|e| {
+        let clips = images.iter().filter(|p| p.modality == Modality::Audio).count();
+        media.admit(images.len() - clips, clips, state.policy).map_err(|e| {
             let code = match &e {
                 MediaRefusal::Capability(PluginApiError::Unqualified { .. }) => "capability_not_qualified",
                 MediaRefusal::Capability(_) => "capability_unsupported",
@@ -870,7 +891,7 @@ fn prepare(
     state: &AppState,
     messages: &[Message],
     tools: Option<&[serde_json::Value]>,
-    images: &[(Vec<u8>, Detail)],
+    images: &[MediaInput],
 ) -> Result<(Vec<u32>, Option<MediaRequest<'static>>), ApiError> {
     let text = &state.text;
     let prompt = text

@@ -36,7 +36,20 @@ fn check(name: &str) {
     let opt_in = opt_in(name);
     generate_gives_the_golden_tokens(name, opt_in);
     crate::server::mixed_batch_gives_the_golden_tokens(name, opt_in);
-    bad_images_are_refused_clearly(name, opt_in);
+    if is_audio(name) {
+        bad_audio_is_refused_clearly(name, opt_in);
+    } else {
+        bad_images_are_refused_clearly(name, opt_in);
+    }
+}
+
+/// Whether the fixture's media are audio clips (an audio family's, Gemma 3n's).
+fn is_audio(name: &str) -> bool {
+    fixture(name)
+        .join("inputs")
+        .read_dir()
+        .expect("inputs")
+        .any(|e| e.expect("entry").path().extension().is_some_and(|x| x == "wav"))
 }
 
 /// The in-tree manifest accepting the fixture's config: by its architecture, or its model type
@@ -66,15 +79,30 @@ fn manifest_for(name: &str) -> (serde_json::Value, mlxcel_plugin_api::Manifest) 
 /// capability and the flag (an experimental capability is never served by default).
 fn opt_in(name: &str) -> &'static [&'static str] {
     let (_, manifest) = manifest_for(name);
-    let image = manifest.capability(mlxcel_plugin_api::Capability::Image).map(|c| c.status);
-    if image == Some(mlxcel_plugin_api::Status::Qualified) {
+    let dir = fixture(name);
+    let (capability, flag, file) = if is_audio(name) {
+        (
+            mlxcel_plugin_api::Capability::Audio,
+            "--audio",
+            std::fs::read_dir(dir.join("inputs"))
+                .expect("inputs")
+                .map(|e| e.expect("entry").path())
+                .find(|p| p.extension().is_some_and(|x| x == "wav"))
+                .expect("a clip"),
+        )
+    } else {
+        (mlxcel_plugin_api::Capability::Image, "--image", dir.join("inputs/wide.png"))
+    };
+    if manifest.capability(capability).map(|c| c.status) == Some(mlxcel_plugin_api::Status::Qualified) {
         return &[];
     }
-    let dir = fixture(name);
-    let stderr = refused(&generate(plugins(), &dir, &[dir.join("inputs/wide.png")], "Describe.", &[]));
+    let file = file.to_str().expect("utf-8 path").to_owned();
+    let stderr = refused(&generate(plugins(), &dir, &[], "Describe.", &[flag, &file]));
     assert!(
-        stderr.contains("capability `image`") && stderr.contains(mlxcel_plugin_api::ALLOW_UNQUALIFIED_FLAG),
-        "{name}: an unqualified image capability must be refused by default: {stderr}"
+        stderr.contains(&format!("capability `{}`", capability.as_str()))
+            && stderr.contains(mlxcel_plugin_api::ALLOW_UNQUALIFIED_FLAG),
+        "{name}: an unqualified {} capability must be refused by default: {stderr}",
+        capability.as_str()
     );
     &[mlxcel_plugin_api::ALLOW_UNQUALIFIED_FLAG]
 }
@@ -128,11 +156,13 @@ fn stage<'a>(report: &'a serde_json::Value, variant: &str, name: &str) -> Option
     report["stages"].as_array()?.iter().find(|s| s["variant"] == variant && s["stage"] == name)
 }
 
-/// The media a golden variant's prompt carries.
+/// The media a golden variant's prompt carries: its images, then its audio clips.
 fn media(golden: &serde_json::Value) -> Vec<String> {
-    golden["images"]
-        .as_array()
-        .map_or_else(Vec::new, |a| a.iter().map(|p| p.as_str().expect("path").to_owned()).collect())
+    ["images", "audio"]
+        .iter()
+        .flat_map(|key| golden[key].as_array().into_iter().flatten())
+        .map(|p| p.as_str().expect("path").to_owned())
+        .collect()
 }
 
 fn verify_passes_every_stage(name: &str) {
@@ -175,10 +205,17 @@ fn generate_gives_the_golden_tokens(name: &str, opt_in: &[&str]) {
     let mut checked = 0;
     for variant in crate::support::variants(name) {
         let golden = golden_json(name, &variant);
-        let images: Vec<PathBuf> = media(&golden).iter().map(|p| dir.join(p)).collect();
-        if images.is_empty() {
+        let files: Vec<PathBuf> = media(&golden).iter().map(|p| dir.join(p)).collect();
+        if files.is_empty() {
             continue;
         }
+        let (images, clips): (Vec<PathBuf>, Vec<PathBuf>) =
+            files.into_iter().partition(|p| p.extension().is_none_or(|x| x != "wav"));
+        let mut extra: Vec<String> = opt_in.iter().map(|s| (*s).to_owned()).collect();
+        for clip in &clips {
+            extra.extend(["--audio".to_owned(), clip.to_str().expect("utf-8 path").to_owned()]);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         // `generate --image` places the images before its one text prompt: the variants laid
         // out so (media parts, then one text part) are its golden requests.
         let parts = golden["messages"][0]["content"].as_array().expect("parts");
@@ -188,7 +225,7 @@ fn generate_gives_the_golden_tokens(name: &str, opt_in: &[&str]) {
         }
         let text = last["text"].as_str().expect("text");
         // Qualified capabilities are served without --allow-unqualified.
-        let out = generate(plugins(), &dir, &images, text, opt_in);
+        let out = generate(plugins(), &dir, &images, text, &extra);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}/{variant}: {stderr}");
         let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one json object on stdout");
@@ -234,6 +271,47 @@ fn bad_images_are_refused_clearly(name: &str, opt_in: &[&str]) {
     let small = write("small.png", &png(3, 2));
     let out = generate(plugins(), &dir, &[small], "Describe.", opt_in);
     assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// An audio family's bad clips, each refused with what is wrong and where: a truncated WAV, a
+/// file that is not one, a clip longer than the family takes.
+fn bad_audio_is_refused_clearly(name: &str, opt_in: &[&str]) {
+    let dir = fixture(name);
+    let temp = tempfile::tempdir().expect("temp dir");
+    let clip = std::fs::read_dir(dir.join("inputs"))
+        .expect("inputs")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|x| x == "wav"))
+        .expect("a clip");
+    let bytes = std::fs::read(&clip).expect("wav");
+    let write = |file: &str, bytes: &[u8]| {
+        let path = temp.path().join(file);
+        std::fs::write(&path, bytes).expect("write");
+        path
+    };
+    // A RIFF header declaring its data, then a minute of 16 kHz mono 16-bit silence.
+    let long = {
+        let samples = 16_000 * 60;
+        let mut w = b"RIFF".to_vec();
+        w.extend_from_slice(&(36 + 2 * samples as u32).to_le_bytes());
+        w.extend_from_slice(b"WAVEfmt ");
+        w.extend_from_slice(&16u32.to_le_bytes());
+        w.extend_from_slice(&[1, 0, 1, 0]);
+        w.extend_from_slice(&16_000u32.to_le_bytes());
+        w.extend_from_slice(&32_000u32.to_le_bytes());
+        w.extend_from_slice(&[2, 0, 16, 0]);
+        w.extend_from_slice(b"data");
+        w.extend_from_slice(&(2 * samples as u32).to_le_bytes());
+        w.resize(w.len() + 2 * samples, 0);
+        write("long.wav", &w)
+    };
+    for path in [write("truncated.wav", &bytes[..30]), dir.join("config.json"), long] {
+        let file = path.to_str().expect("utf-8 path");
+        let mut args = vec!["--audio", file];
+        args.extend_from_slice(opt_in);
+        let stderr = refused(&generate(plugins(), &dir, &[], "Describe.", &args));
+        assert!(stderr.contains(&format!("cannot use {} as audio", path.display())), "{name}: {stderr}");
+    }
 }
 
 /// Processor settings a family does not implement, each refused before any image is touched:

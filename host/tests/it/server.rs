@@ -208,8 +208,9 @@ fn check_mixed_batch(server: &Server) {
     // A family of one image per prompt (no two_images golden) sends its long image variant; a
     // fixture without the PNG image variant, its JPEG one.
     let has = |variant: &str| fixture_dir(&server.name).join(format!("goldens/{variant}.json")).exists();
-    let first = if has("image") { "image" } else { "image_jpeg" };
-    for variant in [first, if has("two_images") { "two_images" } else { "long" }] {
+    let first = ["image", "image_jpeg", "audio"].into_iter().find(|v| has(v)).expect("a media golden");
+    let second = ["two_images", "two_audios", "long"].into_iter().find(|v| has(v)).expect("a second media golden");
+    for variant in [first, second] {
         assert!(batched.contains_key(variant), "{}: {variant} was not in the batch", server.name);
     }
     // Every golden variant in the batch, the fixture's images sent as JPEG, WebP and

@@ -35,15 +35,24 @@ def data_url(path):
     return f"data:{MIME[path.suffix]};base64," + base64.b64encode(path.read_bytes()).decode()
 
 
+def audio_part(path):
+    """An input_audio part: the WAV file's bytes, base64, as OpenAI clients send a clip."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+
+
 def golden_messages(fixture, golden):
-    """The golden's messages in the wire format, its images inline in order."""
+    """The golden's messages in the wire format, its images and audio clips inline in order."""
     images = iter(golden.get("images", []))
+    clips = iter(golden.get("audio", []))
     messages = []
     for m in golden["messages"]:
         parts = []
         for part in m["content"]:
             if part["type"] == "image":
                 parts.append({"type": "image_url", "image_url": {"url": data_url(fixture / next(images))}})
+            elif part["type"] == "audio":
+                parts.append(audio_part(fixture / next(clips)))
             else:
                 parts.append({"type": "text", "text": part["text"]})
         messages.append({"role": m["role"], "content": parts})
@@ -128,17 +137,22 @@ def mixed_requests(args):
     image_jpeg where the fixture has no image, and two_images or, for a family of one image per prompt, long);
     then the golden
     variants sent as JPEG, WebP and EXIF-rotated JPEG, where the fixture has them."""
-    wide = data_url(args.fixture / "inputs" / "wide.png")
+    # An audio family's fixture (Gemma 3n) has WAV clips where the others have images.
+    clips = sorted((args.fixture / "inputs").glob("*.wav"))
     images = sorted((args.fixture / "inputs").glob("*.png"))
-    other = data_url(images[-1])
+    media = [audio_part(c) for c in clips] if clips else [
+        {"type": "image_url", "image_url": {"url": data_url(args.fixture / "inputs" / "wide.png")}},
+        {"type": "image_url", "image_url": {"url": data_url(images[-1])}},
+    ]
     requests = []
     for i in range(8):
         if i in (3, 6):
             # A family taking one image per prompt (Molmo) sends its long image variant instead of
-            # two_images; a fixture without the PNG image variant (molmo_mlx_q4) its JPEG one.
+            # two_images; a fixture without the PNG image variant (molmo_mlx_q4) its JPEG one; an
+            # audio family its audio and two_audios variants.
             has = lambda v: (args.fixture / "goldens" / f"{v}.json").exists()
-            first = "image" if has("image") else "image_jpeg"
-            variant = first if i == 3 else ("two_images" if has("two_images") else "long")
+            first = next(v for v in ("image", "image_jpeg", "audio") if has(v))
+            variant = first if i == 3 else next(v for v in ("two_images", "two_audios", "long") if has(v))
             golden = json.loads((args.fixture / "goldens" / f"{variant}.json").read_text())
             params = {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY}
             requests.append((variant, golden_messages(args.fixture, golden), params))
@@ -146,8 +160,8 @@ def mixed_requests(args):
         if i % 2 == 0:
             content = f"Count to {i + 3}, please."
         else:
-            url = wide if i % 4 == 1 else other
-            content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": f"Describe it ({i})."}]
+            item = media[0] if i % 4 == 1 else media[-1]
+            content = [item, {"type": "text", "text": f"Describe it ({i})."}]
         params = {"max_tokens": 12 + i, "extra_body": IGNORE_EOS}
         if i in (2, 5):
             params.update(temperature=0.8, top_p=0.9, seed=1000 + i)

@@ -23,7 +23,9 @@ pub enum Mode {
 pub struct Placement {
     pub mode: Mode,
     pub tokens: Vec<usize>,
-    /// `tokens.len() * hidden` values, row-major.
+    /// Whole rows of `hidden` values, row-major, at least one per token: the first
+    /// `tokens.len()` are placed, as the plugin ABI says a placement takes its encoder output's
+    /// first rows (Gemma 3n places one row of an output that holds several).
     pub rows: Vec<f32>,
 }
 
@@ -58,7 +60,7 @@ pub enum ProgramError {
     Text { values: usize, n: usize, hidden: usize },
     #[error("{what} {index} places a row at token {token} of a {n}-token prompt")]
     OutOfRange { what: &'static str, index: usize, token: usize, n: usize },
-    #[error("{what} {index} has {values} values for {tokens} tokens of {hidden}")]
+    #[error("{what} {index} has {values} values, not whole rows of {hidden} for its {tokens} tokens")]
     Rows { what: &'static str, index: usize, values: usize, tokens: usize, hidden: usize },
     #[error("placements {first} and {second} both place a row at token {token}")]
     Overlap { first: usize, second: usize, token: usize },
@@ -128,7 +130,7 @@ fn check_rows(
     if let Some(&token) = tokens.iter().find(|&&t| t >= n) {
         return Err(ProgramError::OutOfRange { what, index, token, n });
     }
-    if rows.len() != tokens.len() * hidden {
+    if rows.len() < tokens.len() * hidden || (hidden > 0 && !rows.len().is_multiple_of(hidden)) {
         return Err(ProgramError::Rows { what, index, values: rows.len(), tokens: tokens.len(), hidden });
     }
     Ok(())
@@ -186,6 +188,14 @@ mod tests {
             refuse(Program { placements: vec![one(Mode::Replace, vec![0, 1], vec![0.0; 2])], ..Program::default() }, 0),
             ProgramError::Rows { what: "placement", index: 0, values: 2, tokens: 2, hidden: 2 }
         );
+        assert_eq!(
+            refuse(Program { placements: vec![one(Mode::Replace, vec![0], vec![0.0; 3])], ..Program::default() }, 0),
+            ProgramError::Rows { what: "placement", index: 0, values: 3, tokens: 1, hidden: 2 }
+        );
+        // More whole rows than tokens: the first are placed.
+        let first =
+            Program { placements: vec![one(Mode::Replace, vec![3], vec![9.0, 9.0, 7.0, 7.0])], ..Program::default() };
+        assert_eq!(first.apply(&text(), 4, 2, 0).expect("first rows").embeddings[6..], [9.0, 9.0]);
         let overlap = Program {
             placements: vec![one(Mode::Replace, vec![1, 2], vec![0.0; 4]), one(Mode::Add, vec![2], vec![0.0; 2])],
             ..Program::default()

@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod audio;
 pub mod clip;
 pub mod config;
 pub mod contract;
