@@ -566,6 +566,26 @@ fn the_gateway_gauges_follow_the_load_and_return_to_zero() {
     );
 }
 
+/// Clients that disconnect mid-upload, mid-stream, or before sending anything lose nothing for
+/// the others: the golden request still gives its tokens, and no request, slot, queue entry or
+/// KV row of theirs is held afterwards.
+#[test]
+fn clients_that_disconnect_mid_upload_or_mid_stream_leave_nothing_behind() {
+    let server = Server::start(&["--slots", "2"]);
+    let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
+    let got = server.scenario("disconnects");
+    assert_eq!(got["streams_read"], serde_json::json!([2, 2, 2, 2]), "{got}");
+    assert_eq!(got["golden_tokens"], golden_token_names("qwen2_vl", "image", &tokenizer), "{got}");
+    assert_eq!(
+        got["end"],
+        serde_json::json!({"mlxcel_requests_open": 0.0, "mlxcel_active_slots": 0.0, "mlxcel_queue_depth": 0.0,
+                           "mlxcel_kv_cache_usage": 0.0}),
+        "{got}"
+    );
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+}
+
 /// A compile cache built ahead with `mlxcel-host compile` serves a server that only reads it
 /// (it warms every encoder bucket before listening and answers with the golden tokens) and is
 /// left as it was; a shape it was not built for fails at start, saying how to build it.

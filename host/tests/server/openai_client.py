@@ -764,6 +764,67 @@ def scenario_gateway_metrics(client, args):
     }
 
 
+def scenario_disconnects(client, args):
+    """Clients that go away: 4 that send a request's headers and part of its body and close the
+    connection (mid-upload), 4 that read two chunks of a stream and close it (mid-stream), 2 that
+    connect and send nothing. Then the golden image request still gives its tokens, and the gauges
+    (open requests, running requests, queue, KV rows) return to zero: nothing of theirs is held."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(args.base_url)
+    golden = json.loads((args.fixture / "goldens" / "image.json").read_text())
+    body = json.dumps({"model": args.model, "messages": golden_messages(args.fixture, golden),
+                       "max_tokens": 16}).encode()
+
+    def partial_upload(i):
+        with socket.create_connection((url.hostname, url.port)) as sock:
+            head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.hostname}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            sock.sendall(head + body[: len(body) // (2 + i)])
+
+    def idle(_):
+        with socket.create_connection((url.hostname, url.port)):
+            time.sleep(0.05)
+
+    def mid_stream(i):
+        stream = client.chat.completions.create(
+            model=args.model, messages=[{"role": "user", "content": f"Tell a long story {i}."}],
+            max_tokens=200, temperature=0, stream=True, extra_body=IGNORE_EOS)
+        chunks = 0
+        for _ in stream:
+            chunks += 1
+            if chunks == 2:
+                break
+        stream.response.close()
+        return chunks
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=10) as pool:
+        jobs = [pool.submit(partial_upload, i) for i in range(4)] + [pool.submit(idle, i) for i in range(2)]
+        streams = [pool.submit(mid_stream, i) for i in range(4)]
+        for j in jobs:
+            j.result()
+        read = [s.result() for s in streams]
+
+    r = client.chat.completions.create(model=args.model, messages=golden_messages(args.fixture, golden),
+                                       logprobs=True, extra_body=IGNORE_EOS, **GREEDY)
+    tokens = [e.token for e in r.choices[0].logprobs.content]
+
+    def gauges():
+        with urllib.request.urlopen(args.base_url.removesuffix("/v1") + "/metrics") as response:
+            text = response.read().decode()
+        return {n: float(v) for n, v in (line.rsplit(" ", 1) for line in text.splitlines()
+                                         if line and not line.startswith("#") and "{" not in line)}
+
+    names = ("mlxcel_requests_open", "mlxcel_active_slots", "mlxcel_queue_depth", "mlxcel_kv_cache_usage")
+    deadline = time.time() + 30
+    end = gauges()
+    while time.time() < deadline and any(end[n] != 0 for n in names):
+        time.sleep(0.05)
+        end = gauges()
+    return {"streams_read": read, "golden_tokens": tokens, "end": {n: end[n] for n in names}}
+
+
 API_KEY = "sk-mlxcel-test-key"
 
 
