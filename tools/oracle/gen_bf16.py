@@ -1,6 +1,6 @@
 """The bf16 form of the served fixtures: tests/fixtures/<name>_bf16 for the text decoders qwen3 and gemma3_text
-(qwen2's is tests/fixtures/qwen2_bf16_f32) and the vision-language qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3, llava and
-molmo2. llama has none: rounded to bf16, its weights put two tokens within 1.4e-5 of each other on the standard
+(qwen2's is tests/fixtures/qwen2_bf16_f32), the vision-language qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3, llava and
+molmo2, and Gemma 3n's audio path (gemma3n). llama has none: rounded to bf16, its weights put two tokens within 1.4e-5 of each other on the standard
 prompts, under the greedy-margin guard (common.MIN_GREEDY_MARGIN), so its greedy tokens would not be a robust
 golden.
 
@@ -9,23 +9,32 @@ the Hub are float16): f16 storage, f32 compute.
 
 Hub checkpoints store their weights in bf16. Each of these is its fixture's checkpoint with every float tensor
 rounded once to bf16 and stored so (the config says `dtype: bfloat16`), with the same processor, tokenizer, chat
-template and images. The reference loads it with `dtype=torch.float32`, which widens every stored weight exactly
+template and images (Gemma 3n: audio clips). The reference loads it with `dtype=torch.float32`, which widens every stored weight exactly
 and computes in f32: bf16 storage with f32 compute, the parity reference for running a bf16 checkpoint's encoder
 and decoder without widening its weights in memory. Every golden is recomputed so, stage by stage, for the
-fixture's four standard variants (a text decoder's two prompts).
+fixture's four standard variants (a text decoder's two prompts; Gemma 3n's four audio variants, `audio`,
+`two_audios`, `text_only` and `long`, with its per-layer inputs stage).
 
 A family's own post-save step runs on the bf16 checkpoint too: Molmo2's (gen_molmo2.fix_embedding_split) puts the
 embedding back into the Hub's split, `wte.embedding` [vocab_size, hidden] + `wte.new_embedding`
 [additional_vocab_size, hidden], which transformers 5.24's save_pretrained writes as two halves of the fused
-table."""
+table.
 
+`python gen_bf16.py [--check] [NAME ...]` makes (or checks) only the named forms (`gemma3n_bf16`, `llava_f16`, ...);
+regen.sh runs them all."""
+
+import argparse
 import shutil
+import wave
+
+import numpy as np
 
 import common
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
 import gen_gemma3
+import gen_gemma3n
 import gen_llava
 import gen_molmo2
 import gen_qwen2_5_vl
@@ -42,10 +51,11 @@ FAMILIES = {
     "llava": dict(encoder=gen_llava.encoder),
     "molmo2": dict(encoder=gen_molmo2.encoder, notes=list(gen_molmo2.NOTES),
                    post_save=gen_molmo2.fix_embedding_split),
+    "gemma3n": dict(encoder=gen_gemma3n.encoder, extra=gen_gemma3n.per_layer_inputs, notes=list(gen_gemma3n.NOTES)),
 }
 # The narrow forms each vision-language fixture gets, by torch dtype and config name.
 FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "qwen3_vl": ["bfloat16"], "gemma3": ["bfloat16"],
-         "llava": ["bfloat16", "float16"], "molmo2": ["bfloat16"]}
+         "llava": ["bfloat16", "float16"], "molmo2": ["bfloat16"], "gemma3n": ["bfloat16"]}
 SHORT = {"bfloat16": "bf16", "float16": "f16"}
 
 
@@ -70,10 +80,32 @@ def same_files(base, then=None):
     return copy
 
 
+def wav_samples(path) -> np.ndarray:
+    """A fixture's clip as the int16 samples its WAV file stores (vlm_fixture writes them back byte for byte)."""
+    with wave.open(str(path), "rb") as w:
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.int16)
+
+
+def media_and_variants(name: str, base) -> tuple[dict, list]:
+    """The fixture's media, read back from its files, and its prompt variants."""
+    if name == "gemma3n":
+        return ({stem: wav_samples(base / f"inputs/{stem}.wav") for stem in gen_gemma3n.CLIPS},
+                gen_gemma3n.variants())
+    return ({stem: common.load_image(base, f"inputs/{stem}.png") for stem in ("tall", "wide")},
+            common.standard_variants("tall", "wide"))
+
+
 def main() -> None:
-    args = common.parse_args(__doc__)
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--check", action="store_true", help="recompute goldens from the committed fixture, write nothing")
+    ap.add_argument("names", nargs="*", metavar="NAME", help="only these forms (default: all)")
+    args = ap.parse_args()
+    known = [f"{n}_bf16" for n in TEXT] + [f"{n}_{SHORT[d]}" for n in FAMILIES for d in FORMS[n]]
+    if unknown := [n for n in args.names if n not in known]:
+        ap.error(f"no such form: {', '.join(unknown)} (known: {', '.join(known)})")
+    wanted = lambda form: not args.names or form in args.names
     common.setup_torch()
-    for name in TEXT:
+    for name in (n for n in TEXT if wanted(f"{n}_bf16")):
         base = common.FIXTURES / name
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         model.config.dtype = "bfloat16"
@@ -86,17 +118,19 @@ def main() -> None:
             model=model,
         )
     for (name, kwargs), dtype in ((item, dtype) for item in FAMILIES.items() for dtype in FORMS[item[0]]):
+        if not wanted(f"{name}_{SHORT[dtype]}"):
+            continue
         base = common.FIXTURES / name
         model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32).to(getattr(torch, dtype))
         for config in [model.config] + [getattr(model.config, k) for k in model.config.sub_configs]:
             config.dtype = dtype
         processor, _ = common.load_processor(base)
-        media = {stem: common.load_image(base, f"inputs/{stem}.png") for stem in ("tall", "wide")}
+        media, variants = media_and_variants(name, base)
         kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [note(dtype), f"made from tests/fixtures/{name}"],
                       post_save=same_files(base, kwargs.get("post_save")))
         common.vlm_fixture(
-            f"{name}_{SHORT[dtype]}", "gen_bf16.py", model, processor, media, common.standard_variants("tall", "wide"),
-            check=args.check, run_dtype=torch.float32, **kwargs,
+            f"{name}_{SHORT[dtype]}", "gen_bf16.py", model, processor, media, variants, check=args.check,
+            run_dtype=torch.float32, **kwargs,
         )
 
 

@@ -46,6 +46,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 CLIPS = {"chirp": (1.0, 200.0, 2000.0), "short_chirp": (0.6, 800.0, 300.0)}
+# The fixture's provenance notes, for the forms made from it (gen_bf16.py); main() writes the same two.
+NOTES = ["audio path only: the vision tower is a timm test_convnext stand-in for MobileNetV5",
+         "audio clips are 16-bit mono WAV; the feature extractor receives samples / 32768"]
 
 
 def variants() -> list[common.Variant]:

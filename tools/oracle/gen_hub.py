@@ -1,5 +1,5 @@
 """The Hugging Face Hub form of the served fixtures: tests/fixtures/<name>_hub for llama, qwen2, qwen3,
-gemma3_text, qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3, llava and molmo2.
+gemma3_text, qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3, llava, molmo2 and gemma3n.
 
 The fixtures are what transformers 5.24's `save_pretrained` writes. The checkpoints users download were mostly
 written by transformers 4, and differ in form but not in meaning:
@@ -40,11 +40,35 @@ fixture's post-save step restores the Hub's embedding split, `wte.embedding` [vo
   no token ids (generation_config.json has them);
 - `auto_map` naming the remote code's classes (transformers uses its own, the model type being registered).
 
-Each Hub form gets the fixture's goldens and inputs unchanged, and is checked by loading it back with
-transformers: the processor must give the goldens' prompt, `input_ids` and `pixel_values` exactly, and the model
-the goldens' logits within the check's bound. `--check` rebuilds every Hub form in memory, compares it with the
-committed one, and repeats the load-back check."""
+Gemma 3n's Hub checkpoints (google/gemma-3n-E2B-it, -E4B-it) were written by transformers 4.53
+(`convert_gemma3n_weights.py`, then `save_pretrained`). Their tensor names are the ones transformers 5.24 writes
+(`model.language_model.*`, `model.audio_tower.*`, `model.vision_tower.timm_model.*`, `model.embed_audio.*`,
+`model.embed_vision.*`, the head tied and not stored; transformers 5.24 has no conversion mapping for `gemma3n`,
+only `gemma3n_text`'s prefix change for loading the text model alone), so the tensors are the fixture's, sharded.
+The config differs:
 
+- `text_config`: transformers 4.53's `Gemma3nTextConfig` took `rope_theta`, `rope_scaling` and
+  `rope_local_base_freq` (saved as such, `rope_scaling` null) where 5.24 saves `rope_parameters` per layer type
+  (its `convert_rope_params_to_dict` reads the legacy three back); `layer_types` saved as now; two fields 5.24 has no
+  use for, kept from the Hub's config: `query_pre_attn_scalar` (256 on the Hub; Gemma 3n's attention is unscaled,
+  in 4.53 as in 5.24) and `altup_lr_multiplier` (1.0, a training setting); `tie_word_embeddings` left out, equal to
+  the class default (4.53's `to_diff_dict` drops a sub-config field equal to its class default; the token ids stay,
+  the fixture's differing from the class's 0, 1, 2); `torch_dtype` in every sub-config (the conversion sets each
+  sub-config's dtype);
+- the root: `torch_dtype`; the instruction-tuned checkpoints' `eos_token_id` ([<eos>, <end_of_turn>]); no
+  `use_cache` or `tie_word_embeddings` (4.53's `Gemma3nConfig` took neither: its sub-configs, the soft-token
+  counts, the six token ids and `initializer_range`);
+- the processor: `preprocessor_config.json` holding the feature extractor's and the image processor's fields flat in
+  one object (the conversion script writes their union, both classes saving to that one file),
+  `processor_config.json` the processor's own `audio_seq_length` and `image_seq_length`.
+
+Each Hub form gets the fixture's goldens and inputs unchanged, and is checked by loading it back with
+transformers: the processor must give the goldens' prompt, `input_ids` and `pixel_values` (Gemma 3n:
+`input_features` and `input_features_mask`, and every feature extractor setting) exactly, and the model the goldens'
+logits within the check's bound. `--check` rebuilds every Hub form in memory, compares it with the committed one,
+and repeats the load-back check. `gen_hub.py [--check] NAME ...` makes or checks only the named fixtures' forms."""
+
+import argparse
 import json
 import shutil
 import sys
@@ -56,7 +80,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 TEXT = ["llama", "qwen2", "qwen3", "gemma3_text"]
-VLM = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "molmo2"]
+VLM = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "molmo2", "gemma3n"]
 # Where transformers 4 kept the vision towers that transformers 5 saves one level up.
 TOWER_RENAMES = {"gemma3": ("vision_tower.", "vision_tower.vision_model."),
                  "llava": ("vision_tower.", "vision_tower.vision_model.")}
@@ -116,6 +140,12 @@ NOTES = {
                "(Molmo2-4B/-8B: 27 ViT layers declared, resblocks 0-24 stored, vit_layers [-3, -9]), vit_config "
                "declares one layer more than the checkpoint holds and vit_layers count from that depth; transformers "
                "and allenai's code build max(layer) + 1 layers, every stored one"],
+    "gemma3n": ["Gemma 3n's Hub config is transformers 4.53's (google/gemma-3n-E2B-it): text_config with rope_theta, "
+                "rope_local_base_freq and rope_scaling null, layer_types, the Hub's query_pre_attn_scalar (256) and "
+                "altup_lr_multiplier (1.0), which transformers ignores, no tie_word_embeddings; torch_dtype in every "
+                "sub-config; eos_token_id at the root, no use_cache or tie_word_embeddings there; the tensor names "
+                "are the fixture's, as 4.53 wrote them; the feature extractor and image processor flat in one "
+                "preprocessor_config.json, as the conversion script writes it"],
 }
 # How many layers Molmo2's Hub-form `vit_config` declares beyond the tower the checkpoint holds (Molmo2-4B and -8B:
 # 27 declared, 25 stored; the adapter reads up to the last stored one).
@@ -158,6 +188,30 @@ def molmo2_hub_config(cfg: dict) -> dict:
     return cfg
 
 
+# Fields google/gemma-3n-E2B-it's text_config carries that transformers (4.53 and 5.24) never reads.
+GEMMA3N_UNREAD = {"query_pre_attn_scalar": 256, "altup_lr_multiplier": 1.0}
+
+
+def gemma3n_hub_config(cfg: dict) -> dict:
+    """Gemma 3n's config.json as transformers 4.53 wrote google/gemma-3n-E2B-it's (see the module docstring)."""
+    dtype = cfg["torch_dtype"]
+    text = dict(cfg.pop("text_config"))
+    legacy_rope(text, per_kind=True)
+    text.setdefault("rope_scaling", None)
+    assert text["layer_types"], "transformers 4.53 saved Gemma 3n's layer_types"
+    # Equal to the class default, which 4.53's to_diff_dict leaves out of a sub-config.
+    assert text.pop("tie_word_embeddings") is True
+    text.update(GEMMA3N_UNREAD, torch_dtype=dtype)
+    cfg["text_config"] = text
+    for sub in ("audio_config", "vision_config"):
+        cfg[sub] = dict(cfg[sub], torch_dtype=dtype)
+    # 4.53's Gemma3nConfig had no use_cache, and tie_word_embeddings only as the base class's default.
+    assert cfg.pop("use_cache") is True and cfg.pop("tie_word_embeddings") is True
+    # The instruction-tuned checkpoints stop on <eos> and <end_of_turn> (the conversion's include_chat_template).
+    cfg["eos_token_id"] = text["eos_token_id"]
+    return cfg
+
+
 def hub_config(name: str, cfg: dict) -> dict:
     cfg = dict(cfg)
     if "dtype" in cfg:
@@ -166,6 +220,8 @@ def hub_config(name: str, cfg: dict) -> dict:
         return text_form(cfg)
     if name == "molmo2":
         return molmo2_hub_config(cfg)
+    if name == "gemma3n":
+        return gemma3n_hub_config(cfg)
     text = text_form(cfg.pop("text_config"))
     if name in ("qwen2_vl", "qwen2_5_vl"):
         # Qwen2-VL-2B and Qwen2.5-VL-3B on the Hub: the text fields flat beside vision_config.
@@ -199,6 +255,12 @@ def hub_config(name: str, cfg: dict) -> dict:
 def split_processor(fixture: Path, out: Path) -> None:
     proc = json.loads((fixture / "processor_config.json").read_text())
     image = proc.pop("image_processor")
+    if "feature_extractor" in proc:
+        # Gemma 3n: the feature extractor's and the image processor's fields in one object, as
+        # convert_gemma3n_weights.py writes preprocessor_config.json ({**feature_extractor, **image_processor}).
+        features = proc.pop("feature_extractor")
+        assert not features.keys() & image.keys(), features.keys() & image.keys()
+        image = {**features, **image}
     image["processor_class"] = proc["processor_class"]
     (out / "preprocessor_config.json").write_text(json.dumps(image, indent=2, sort_keys=True) + "\n")
     (out / "processor_config.json").write_text(json.dumps(proc, indent=2, sort_keys=True) + "\n")
@@ -272,6 +334,12 @@ def load_back(name: str, hub: Path) -> float:
     if name not in TEXT:
         # The fixtures' goldens were made with the PIL image backend.
         processor, _ = common.load_processor(hub)
+        if name == "gemma3n":
+            # Every feature extractor setting read back from the flat preprocessor_config.json.
+            fixture = json.loads((common.FIXTURES / name / "processor_config.json").read_text())["feature_extractor"]
+            read = processor.feature_extractor.to_dict()
+            differ = {k: (v, read.get(k)) for k, v in fixture.items() if read.get(k) != v}
+            assert not differ, f"{name}_hub: the feature extractor reads back otherwise: {differ}"
     for path in goldens:
         meta = json.loads(path.read_text())
         g = load_file(path.with_suffix(".safetensors"))
@@ -281,11 +349,14 @@ def load_back(name: str, hub: Path) -> float:
             prompt = processor.apply_chat_template(meta["messages"], add_generation_prompt=True, tokenize=False)
             assert prompt == meta["prompt"], f"{name}_hub/{path.stem}: the chat template renders another prompt"
             images = [common.load_image(hub, p) for p in meta.get("images", [])]
-            inputs = dict(processor(text=prompt, images=images or None, return_tensors="pt"))
+            clips = [common.load_audio(hub, p) for p in meta.get("audio", [])]
+            media = {"audio": clips} if clips else {}
+            inputs = dict(processor(text=prompt, images=images or None, return_tensors="pt", **media))
             assert inputs["input_ids"][0].tolist() == meta["input_ids"], f"{name}_hub/{path.stem}: input_ids"
-            if "pixel_values" in g:
-                diff = (inputs["pixel_values"].float() - g["pixel_values"].float()).abs().max().item()
-                assert diff == 0.0, f"{name}_hub/{path.stem}: pixel_values differ by {diff}"
+            for key in ("pixel_values", "input_features", "input_features_mask"):
+                if key in g:
+                    diff = (inputs[key].float() - g[key].float()).abs().max().item()
+                    assert diff == 0.0, f"{name}_hub/{path.stem}: {key} differ by {diff}"
         with torch.no_grad():
             logits = model(**inputs).logits[0]
         worst = max(worst, (logits - g["logits"]).abs().max().item())
@@ -293,10 +364,16 @@ def load_back(name: str, hub: Path) -> float:
 
 
 def main() -> None:
-    args = common.parse_args(__doc__)
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--check", action="store_true", help="rebuild in memory and compare, write nothing")
+    ap.add_argument("names", nargs="*", metavar="NAME",
+                    help=f"only these fixtures' Hub forms (default: all of {', '.join(TEXT + VLM)})")
+    args = ap.parse_args()
+    if unknown := [n for n in args.names if n not in TEXT + VLM]:
+        ap.error(f"no Hub form for {', '.join(unknown)} (known: {', '.join(TEXT + VLM)})")
     common.setup_torch()
     failed = []
-    for name in TEXT + VLM:
+    for name in args.names or TEXT + VLM:
         target = common.FIXTURES / f"{name}_hub"
         with tempfile.TemporaryDirectory() as tmp:
             built = Path(tmp) / f"{name}_hub"

@@ -305,6 +305,10 @@ fn bad_audio_is_refused_clearly(name: &str, opt_in: &[&str]) {
         w.resize(w.len() + 2 * samples, 0);
         write("long.wav", &w)
     };
+    // An audio family's manifest lists no image capability: an image is refused, naming it.
+    let image = fixture("images").join("refused_jpeg_cmyk.jpg");
+    let stderr = refused(&generate(plugins(), &dir, &[image], "Describe.", opt_in));
+    assert!(stderr.contains("capability `image` is not supported"), "{name}: {stderr}");
     for path in [write("truncated.wav", &bytes[..30]), dir.join("config.json"), long] {
         let file = path.to_str().expect("utf-8 path");
         let mut args = vec!["--audio", file];
