@@ -288,6 +288,9 @@ fn the_openai_client_gets_the_golden_tokens_batches_cancels_and_bad_requests_are
     let message = got["over_capacity"].as_str().unwrap_or_default();
     assert!(message.contains("exceeds the context capacity of 256"), "{got}");
     assert!(got["oversized_image"].as_str().unwrap_or_default().contains("900000000"), "{got}");
+    let audio = got["unsupported_capability"].as_str().unwrap_or_default();
+    assert!(audio.contains("capability `audio` is not supported by plugin `qwen2-vl`"), "{got}");
+    assert!(got["unsupported_audio_format"].as_str().unwrap_or_default().contains("send the clip as wav"), "{got}");
 
     let (status, stderr) = server.terminate();
     assert!(status.success(), "{stderr}");

@@ -496,8 +496,12 @@ def scenario_errors(client, args):
         400, "invalid_image", chat(image_message("data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nxx").decode()), max_tokens=4)
     )
     seen["remote_url"] = expect_error(400, "image_url_not_allowed", chat(image_message("https://example.com/a.png"), max_tokens=4))
+    # Audio to a family without the audio capability: refused by the capability gate, naming it;
+    # a format the server does not decode is refused before that.
     audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]
-    seen["unsupported_content"] = expect_error(400, "unsupported_content", chat(audio, max_tokens=4))
+    seen["unsupported_capability"] = expect_error(400, "capability_unsupported", chat(audio, max_tokens=4))
+    mp3 = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}]}]
+    seen["unsupported_audio_format"] = expect_error(400, "unsupported_audio_format", chat(mp3, max_tokens=4))
     seen["over_capacity"] = expect_error(
         400, "context_length_exceeded", chat([{"role": "user", "content": "hi"}], max_tokens=100000)
     )
