@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B, Molmo2-4B, Molmo-7B-D or Youtu-VL-4B checkpoint: the real
-model's dimensions, random weights, Hugging Face layout.
+"""A shape-real Qwen2-VL-2B, Qwen2.5-VL-3B, Qwen3-VL-2B, Molmo2-4B, Molmo-7B-D, Youtu-VL-4B or Gemma 3n E2B checkpoint:
+the real model's dimensions, random weights, Hugging Face layout.
 
 Every system under comparison loads the same bytes: config.json, sharded safetensors with their index,
 tokenizer.json (a small byte-level BPE whose special tokens sit at the real Qwen-VL ids, and whose vocab is
@@ -113,6 +113,41 @@ chat template, processor_config.json and generation_config.json (greedy, eos 151
               26; 4 gives 3 alone). Directory youtu_vl-4b-<dtype>-L<n>-V<m>. Drawn tensor by tensor in sorted
               Hugging Face names (numpy, seed 1235; matrices N(0, 1/fan_in), the fused kv_b_proj's fan-in its
               512 latent columns; norm weights 1 + N(0, 0.1), biases N(0, 0.1)) and written in shards as it goes.
+  gemma3n     gemma-3n-E2B-it (google/gemma-3n-E2B-it, Gemma3nForConditionalGeneration; the host's gemma3n plugin
+              serves its audio path): built by transformers 5.24's own class at E2B's config and saved by it
+              (config.json nested as transformers 5 writes it, its tensor names; the KV-shared layers have no k/v
+              projections, as transformers 5 builds and writes them; the head tied, absent). The decoder: 30 layers
+              of width 2048 (8 heads of 256, 2 KV heads, q/k RMS norms and a scaleless v norm, rope_theta 1e6 in the
+              full-attention layers and 1e4 in the sliding ones, window 512), full attention in every 5th layer
+              (4, 9, ..., 29), the last 10 layers KV-shared (20-29 reuse layer 18's sliding and layer 19's full
+              cache), MLP 8192 in every layer (gelu tanh, activation sparsity 0.95 in layers 0-9), AltUp over 4
+              streams, LAuReL rank 64, per-layer inputs of 256 per layer (a 262144 x 7680 table), the 262400-row
+              token table tied to the head, final logit soft-cap 30. The audio encoder: Gemma3nAudioConfig's
+              defaults, which are E2B's USM conformer (128 mel bins in, two subsampling convolutions of 128 and 32
+              channels, 12 conformer layers of width 1536 with 8 heads, chunk 12, left context 13, logit cap 50,
+              reduction 4), and the audio embedder (128 hard ids from 262272, into 2048). The vision tower is the
+              real one, timm's mobilenetv5_300m_enc (0.29 B parameters; transformers builds and loads it, the host
+              never reads it), with the vision embedder. Special ids: Gemma's (<pad> 0, <eos> 1, <bos> 2, <unk> 3,
+              <mask> 4, [multimodal] 5, <start_of_turn> 105, <end_of_turn> 106) and Gemma3nConfig's defaults, which
+              are E2B's (<start_of_image> 255999, <start_of_audio> 256000, <end_of_image> 262144,
+              <image_soft_token> 262145, <end_of_audio> 262272, <audio_soft_token> 262273); the oracle BPE's 384
+              pieces at ids 107-490 and fillers at every other id of the 262400 (gemma3n_tokenizer); eos <eos>,
+              generation eos [1, 106]. Chat template: the fixture's (tools/oracle/gen_gemma3n.CHAT_TEMPLATE; the real
+              one adds system-prompt handling). processor_config.json: Gemma3nProcessor, 188 soft tokens per clip
+              and 256 per image, Gemma3nAudioFeatureExtractor with its defaults (128 mel bins, the released
+              extractor's), a SigLIP image processor at 768x768 (not used by the host; assumed). Sources for E2B's
+              values (offline): the E4B-shaped defaults of transformers' Gemma3nTextConfig, and for E2B's own
+              differences public configs and code quoting google/gemma-3n-E2B-it's config.json: 30 layers,
+              num_kv_shared_layers 10, intermediate 8192 (2048 x 4) in every layer, activation sparsity in the first
+              10; everything else (widths, heads, vocabularies, per-layer input width, AltUp, LAuReL, window, rope,
+              the audio config, the token ids, 188 audio soft tokens) is the same in E2B and E4B. --vision-blocks
+              counts the audio encoder's conformer layers (12 at full depth), the encoder the host runs; the
+              directory is gemma3n-e2b-<dtype>-L<n>-A<m>. A reduced decoder keeps E2B's rhythm (gemma3n_layers):
+              full attention in every 5th layer (below 5 layers the last one), the last third KV-shared in whole
+              5-layer units with at least one unit before them (10 to 20 layers: the last 5; fewer than 10: none),
+              activation sparsity in the first third. Every float parameter is redrawn by randomize_blocked
+              (torch, seed 1235, sorted names, matrices in blocks of rows), in the stored dtype's model, so bf16
+              holds about 2 bytes a parameter while it is built.
 
 Run with the oracle venv's python (torch, transformers 5.24):
 
@@ -125,6 +160,8 @@ Run with the oracle venv's python (torch, transformers 5.24):
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo2 --text-layers 2 --vision-blocks 2
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family molmo --text-layers 4   # 4 of 28, full ViT
     ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family youtu_vl --text-layers 4 --vision-blocks 4
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family gemma3n      # 30 text / 12 audio, bf16
+    ~/.cache/mlxcel/oracle-venv/bin/python tools/bench/gen_ckpt.py --family gemma3n --dtype f32 --text-layers 10
 
 Prints the checkpoint directory (default under ~/.cache/mlxcel/bench/); an existing complete directory is
 kept unless --force. Weights: seed 1235, matrices N(0, 1/fan_in), vectors default + N(0, 0.1) (the oracle's
@@ -136,7 +173,10 @@ parameter drawn in f32 and rounded as it is drawn (the same values as drawing th
 so its bf16 build holds about 2 bytes a parameter (9.7 GB). Molmo-7B-D and Youtu-VL-4B are drawn and written
 tensor by tensor (about one shard held, the largest tensor drawn in f32: Youtu-VL's token table, 2.9 GB). Full-depth
 Youtu-VL-4B is 5.34 B parameters as mlx-vlm's defaults build it (10.7 GB in bf16); 4 of 40 text layers and 4 of 27
-vision blocks are 1.24 B (2.5 GB in bf16), most of it the tied 283386 x 2560 table.
+vision blocks are 1.24 B (2.5 GB in bf16), most of it the tied 283386 x 2560 table. Gemma 3n E2B at full depth is
+5.42 B parameters (4.44 B text, of which the per-layer table is 2.01 B and the token table 0.54 B; 0.68 B audio;
+0.30 B vision): 10.8 GB in bf16, built in bf16 (f32 at full depth, 21.7 GB, does not fit a 24 GB machine; each layer
+fewer takes 130 M parameters off, half of them the per-layer table's).
 """
 
 from __future__ import annotations
@@ -164,15 +204,18 @@ SPECIALS = {
 }
 VOCAB = 151936  # embedding rows of the real model (ids past the last special are padding rows)
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "molmo2", "molmo", "youtu_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "molmo2", "molmo", "youtu_vl", "gemma3n")
 # Each family's real model: the directory name's stem and its full depth (text layers, vision blocks; Molmo2's
-# vision blocks are the ViT layers stored and run, 25 of the 27 its config declares).
+# vision blocks are the ViT layers stored and run, 25 of the 27 its config declares; Gemma 3n's "vision blocks"
+# are its audio encoder's conformer layers, the encoder the host runs).
 MODEL_NAME = {"qwen2_vl": "qwen2vl-2b", "qwen2_5_vl": "qwen2_5_vl-3b", "qwen3_vl": "qwen3_vl-2b", "molmo2": "molmo2-4b",
-              "molmo": "molmo-7b-d", "youtu_vl": "youtu_vl-4b"}
+              "molmo": "molmo-7b-d", "youtu_vl": "youtu_vl-4b", "gemma3n": "gemma3n-e2b"}
 # Molmo's vision blocks are the declared ViT layers (image_num_layers), of which the deepest feature layer and
 # those before it run (22 of 23 for vit_layers [-2, -9]).
 FULL_DEPTH = {"qwen2_vl": (28, 32), "qwen2_5_vl": (36, 32), "qwen3_vl": (28, 24), "molmo2": (36, 25), "molmo": (28, 23),
-              "youtu_vl": (40, 27)}
+              "youtu_vl": (40, 27), "gemma3n": (30, 12)}
+# The letter before the encoder depth in a checkpoint's directory name: V(ision blocks), A(udio conformer layers).
+ENCODER_LETTER = {"gemma3n": "A"}
 # Qwen3-VL-2B-Instruct's DeepStack blocks (vision_config.deepstack_visual_indexes) of its 24.
 QWEN3_VL_DEEPSTACK = (5, 11, 17)
 
@@ -233,7 +276,8 @@ CHAT_TEMPLATES = {"qwen2_vl": CHAT_TEMPLATE, "qwen2_5_vl": CHAT_TEMPLATE, "qwen3
 
 
 def default_dir(dtype: str, text_layers: int, vision_blocks: int, family: str = "qwen2_vl") -> Path:
-    return BENCH_DIR / f"{MODEL_NAME[family]}-{dtype}-L{text_layers}-V{vision_blocks}"
+    letter = ENCODER_LETTER.get(family, "V")
+    return BENCH_DIR / f"{MODEL_NAME[family]}-{dtype}-L{text_layers}-{letter}{vision_blocks}"
 
 
 def config(text_layers: int, vision_blocks: int):
@@ -846,6 +890,261 @@ def build_youtu_vl(out: Path, dtype: str, text_layers: int, vision_blocks: int, 
     return info
 
 
+# ------------------------------------------------------------------------------------------------
+# Gemma 3n: gemma-3n-E2B-it (Gemma3nForConditionalGeneration), the audio path the gemma3n plugin serves
+
+GEMMA3N_VOCAB = 262400  # text_config.vocab_size: 262144 text ids, 128 vision ids, 128 audio ids; tied to the head
+GEMMA3N_TEXT_VOCAB = 262144  # vocab_size_per_layer_input: the ids the per-layer table embeds
+# Gemma's specials at their real ids: the text ones of Gemma 3's tokenizer (pad, eos, bos, unk, mask, turns), the
+# multimodal ones at transformers' Gemma3nConfig defaults (boi 255999, boa 256000, eoi 262144, image 262145,
+# eoa 262272, audio 262273), which are gemma-3n-E2B-it's.
+GEMMA3N_SPECIALS = {
+    "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4, "[multimodal]": 5, "<start_of_turn>": 105,
+    "<end_of_turn>": 106, "<start_of_image>": 255999, "<start_of_audio>": 256000, "<end_of_image>": 262144,
+    "<image_soft_token>": 262145, "<end_of_audio>": 262272, "<audio_soft_token>": 262273,
+}
+# Where the oracle BPE's 384 trained pieces go (ids 107 to 490): past <end_of_turn>, clear of every special.
+GEMMA3N_BASE_ID = 107
+GEMMA3N_AUDIO_TOKENS, GEMMA3N_IMAGE_TOKENS = 188, 256  # soft tokens per clip / per image
+GEMMA3N_PATTERN = 5  # the layer rhythm: four sliding-window layers, then a full-attention one
+GEMMA3N_WINDOW = 512
+
+
+def gemma3n_layers(text_layers: int) -> dict:
+    """gemma-3n-E2B's layer rhythm for a decoder of `text_layers`: full attention in every 5th layer ((i + 1) % 5 == 0;
+    below 5 layers the last one, so both kinds run from 2 layers on); the last third of the layers KV-shared, in whole
+    units of the 5-layer rhythm, leaving at least one whole unit before them, so each kind of shared layer has a
+    producer of its kind (30 layers: the real 10, layers 20-29 reusing layer 18's sliding and layer 19's full cache;
+    10 to 20 layers: 5; fewer than 10: none); activation sparsity (0.95) in the first third (30 layers: the real 10)."""
+    types = ["full_attention" if (i + 1) % GEMMA3N_PATTERN == 0 else "sliding_attention" for i in range(text_layers)]
+    if "full_attention" not in types:
+        types[-1] = "full_attention"
+    units = min(round(text_layers / (3 * GEMMA3N_PATTERN)), max((text_layers - GEMMA3N_PATTERN) // GEMMA3N_PATTERN, 0))
+    shared = GEMMA3N_PATTERN * units
+    sparse = round(text_layers / 3)
+    return {"layer_types": types, "num_kv_shared_layers": shared,
+            "activation_sparsity_pattern": [0.95] * sparse + [0.0] * (text_layers - sparse)}
+
+
+def gemma3n_config(text_layers: int, audio_layers: int):
+    """gemma-3n-E2B-it's Gemma3nConfig at the given depths (see the module docstring for what is assumed)."""
+    from transformers import Gemma3nConfig
+
+    assert gemma3n_layers(30)["num_kv_shared_layers"] == 10
+    ids = GEMMA3N_SPECIALS
+    return Gemma3nConfig(
+        text_config=dict(
+            vocab_size=GEMMA3N_VOCAB, vocab_size_per_layer_input=GEMMA3N_TEXT_VOCAB, hidden_size=2048,
+            intermediate_size=[8192] * text_layers, num_hidden_layers=text_layers, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768,
+            rms_norm_eps=1e-6, sliding_window=GEMMA3N_WINDOW, final_logit_softcapping=30.0,
+            hidden_size_per_layer_input=256, altup_num_inputs=4, altup_active_idx=0, altup_coef_clip=120.0,
+            altup_correct_scale=True, laurel_rank=64,
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+            pad_token_id=ids["<pad>"], eos_token_id=[ids["<eos>"], ids["<end_of_turn>"]], bos_token_id=ids["<bos>"],
+            tie_word_embeddings=True, **gemma3n_layers(text_layers),
+        ),
+        # Gemma3nAudioConfig's defaults are E2B's (and E4B's) USM conformer; spelled out so the file says them.
+        audio_config=dict(
+            vocab_size=128, vocab_offset=GEMMA3N_TEXT_VOCAB + 128, input_feat_size=128, hidden_size=1536,
+            rms_norm_eps=1e-6, gradient_clipping=1e10, conf_attention_chunk_size=12, conf_attention_context_left=13,
+            conf_attention_context_right=0, conf_attention_logit_cap=50.0, conf_num_attention_heads=8,
+            conf_num_hidden_layers=audio_layers, conf_conv_kernel_size=5, conf_reduction_factor=4,
+            conf_residual_weight=0.5, sscp_conv_channel_size=[128, 32], sscp_conv_group_norm_eps=1e-3,
+            sscp_conv_kernel_size=[[3, 3], [3, 3]], sscp_conv_stride_size=[[2, 2], [2, 2]],
+        ),
+        # The real tower, timm's MobileNetV5-300M encoder (not run here: the host serves no images).
+        vision_config=dict(architecture="mobilenetv5_300m_enc", hidden_size=2048, vocab_size=128,
+                           vocab_offset=GEMMA3N_TEXT_VOCAB, rms_norm_eps=1e-6, do_pooling=False),
+        audio_soft_tokens_per_image=GEMMA3N_AUDIO_TOKENS, vision_soft_tokens_per_image=GEMMA3N_IMAGE_TOKENS,
+        boi_token_id=ids["<start_of_image>"], eoi_token_id=ids["<end_of_image>"],
+        image_token_id=ids["<image_soft_token>"], boa_token_id=ids["<start_of_audio>"],
+        eoa_token_id=ids["<end_of_audio>"], audio_token_id=ids["<audio_soft_token>"], tie_word_embeddings=True,
+    )
+
+
+def gemma3n_tokenizer():
+    """The oracle's byte-level BPE (384 trained pieces) moved to ids 107-490, Gemma's specials at their real ids
+    (GEMMA3N_SPECIALS), filler pieces at every other id of the 262400 (each decodes to ` #<id in base 36>`, so any
+    generated id streams as text), the named tokens Gemma3nProcessor reads, and the fixture's chat template
+    (gen_gemma3n.CHAT_TEMPLATE: <bos>, <start_of_turn>user, an audio part as <audio_soft_token>)."""
+    import common
+    import gen_gemma3n  # tools/oracle
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = json.loads(common.build_tokenizer([]).to_str())
+    trained = spec["model"]["vocab"]
+    vocab = {piece: GEMMA3N_BASE_ID + i for piece, i in trained.items()}
+    taken = set(vocab.values()) | set(GEMMA3N_SPECIALS.values())
+    assert not set(vocab.values()) & set(GEMMA3N_SPECIALS.values())
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+    def b36(n: int) -> str:
+        s = ""
+        while True:
+            n, r = divmod(n, 36)
+            s = digits[r] + s
+            if n == 0:
+                return s
+
+    for i in range(GEMMA3N_VOCAB):
+        if i not in taken:
+            piece = "Ġ#" + b36(i)
+            if piece in vocab:
+                raise RuntimeError(f"filler {piece} collides with a trained piece")
+            vocab[piece] = i
+    template = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+    spec["added_tokens"] = [dict(template, id=i, content=t) for t, i in GEMMA3N_SPECIALS.items()]
+    vocab.update(GEMMA3N_SPECIALS)
+    spec["model"]["vocab"] = dict(sorted(vocab.items(), key=lambda kv: kv[1]))
+    assert len(spec["model"]["vocab"]) == GEMMA3N_VOCAB
+    tok = Tokenizer.from_str(json.dumps(spec))
+    for t, i in GEMMA3N_SPECIALS.items():
+        assert tok.token_to_id(t) == i, t
+    probe = ("<bos><start_of_turn>user\n\n\n<start_of_audio><audio_soft_token><audio_soft_token><end_of_audio>\n\n"
+             "Transcribe this audio.<end_of_turn>\n<start_of_turn>model\n")
+    assert tok.decode(tok.encode(probe).ids, skip_special_tokens=False) == probe
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+        boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>",
+        boa_token="<start_of_audio>", eoa_token="<end_of_audio>", audio_token="<audio_soft_token>",
+    )
+    hf.chat_template = gen_gemma3n.CHAT_TEMPLATE
+    return hf
+
+
+def gemma3n_processor(tok):
+    """Gemma3nProcessor as gemma-3n-E2B-it's: Gemma3nAudioFeatureExtractor with its defaults, which are the released
+    ones (128 mel bins, 16 kHz, 32 ms frames every 10 ms, FFT 1024 with overdrive, 125-7600 Hz, pre-emphasis 0.97 HTK,
+    mel floor 1e-5, no dither, no per-bin normalisation), 188 soft tokens per clip; SigLIP's image processor at
+    768x768 (bilinear, rescaled to [0, 1], not normalised) and 256 per image, never used by the host (assumed)."""
+    from transformers import Gemma3nAudioFeatureExtractor, Gemma3nProcessor, SiglipImageProcessorPil
+
+    image = SiglipImageProcessorPil(size={"height": 768, "width": 768}, resample=2, do_normalize=False)
+    return Gemma3nProcessor(feature_extractor=Gemma3nAudioFeatureExtractor(), image_processor=image, tokenizer=tok,
+                            chat_template=tok.chat_template, audio_seq_length=GEMMA3N_AUDIO_TOKENS,
+                            image_seq_length=GEMMA3N_IMAGE_TOKENS)
+
+
+def randomize_blocked(model, seed: int, block: int = 1 << 26) -> None:
+    """common.randomize's scheme (matrices N(0, 1/fan_in), vectors their initialised value + N(0, 0.1)) for a model of
+    any dtype, each draw in f32 and rounded once as it is stored, a matrix drawn in blocks of rows of at most `block`
+    values (torch.Generator, seed, sorted names, rows in order), so no f32 copy of a large table is held (Gemma 3n
+    E2B's per-layer table is 262144 x 7680: 8 GB in f32). The f32 and bf16 builds of one shape draw the same values."""
+    import numpy as np
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if not p.is_floating_point():
+                continue
+            if p.dim() >= 2:
+                fan_in = int(np.prod(p.shape[1:]))
+                rows = max(1, block // fan_in)
+                for r in range(0, p.shape[0], rows):
+                    part = p[r:r + rows]
+                    part.copy_(torch.randn(part.shape, generator=gen, dtype=torch.float32) / fan_in**0.5)
+            else:
+                p.copy_(p.float() + torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
+    model.eval()
+
+
+def check_gemma3n_tensors(ckpt: Path, text_layers: int, audio_layers: int, shared: int) -> dict:
+    """The written checkpoint holds transformers 5's Gemma 3n names and E2B's shapes (read from the safetensors
+    headers): `text_layers` decoder layers, of which the last `shared` have no k/v projections, `audio_layers`
+    conformer layers, the tied head absent."""
+    from safetensors import safe_open
+
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    shapes = {}
+    for name in sorted(set(index.values())):
+        with safe_open(ckpt / name, "pt") as f:
+            shapes.update({k: f.get_slice(k).get_shape() for k in f.keys()})
+    assert set(shapes) == set(index), "the index and the shards disagree"
+    lm = "model.language_model."
+    want = {lm + "embed_tokens.weight": [GEMMA3N_VOCAB, 2048],
+            lm + "embed_tokens_per_layer.weight": [GEMMA3N_TEXT_VOCAB, 256 * text_layers],
+            lm + "per_layer_model_projection.weight": [256 * text_layers, 2048],
+            lm + "altup_projections.0.weight": [2048, 2048],
+            lm + "layers.0.self_attn.q_proj.weight": [2048, 2048], lm + "layers.0.self_attn.k_proj.weight": [512, 2048],
+            lm + "layers.0.mlp.gate_proj.weight": [8192, 2048], lm + "layers.0.laurel.linear_left.weight": [64, 2048],
+            lm + "layers.0.per_layer_input_gate.weight": [256, 2048],
+            "model.audio_tower.subsample_conv_projection.input_proj_linear.weight": [1536, 1024],
+            "model.audio_tower.conformer.0.attention.attn.q_proj.weight": [1536, 1536],
+            "model.embed_audio.embedding.weight": [128, 1536],
+            "model.embed_audio.embedding_projection.weight": [2048, 1536]}
+    for k, shape in want.items():
+        assert shapes.get(k) == shape, f"{ckpt}: {k} is {shapes.get(k)}, expected {shape}"
+    assert "lm_head.weight" not in shapes, "the head is tied"
+    layers = {int(k.split(".")[3]) for k in shapes if k.startswith(lm + "layers.")}
+    with_kv = {int(k.split(".")[3]) for k in shapes if k.startswith(lm + "layers.") and ".self_attn.k_proj." in k}
+    conformer = {int(k.split(".")[3]) for k in shapes if k.startswith("model.audio_tower.conformer.")}
+    assert layers == set(range(text_layers)), layers
+    assert with_kv == set(range(text_layers - shared)), with_kv
+    assert conformer == set(range(audio_layers)), conformer
+    return {"tensors": len(shapes), "vision_tensors": sum(1 for k in shapes if k.startswith("model.vision_tower."))}
+
+
+def build_gemma3n(out: Path, dtype: str, text_layers: int, audio_layers: int, shard: str) -> dict:
+    """gemma-3n-E2B-it at the given depths, built by transformers' own Gemma3nForConditionalGeneration (its vision
+    tower timm's MobileNetV5-300M encoder) in the stored dtype, every float parameter redrawn by randomize_blocked
+    (seed 1235), saved by save_pretrained, with gemma3n_processor's processor and tokenizer."""
+    import common
+    import torch
+    from transformers import Gemma3nForConditionalGeneration, GenerationConfig
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    timings = {}
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    t = time.perf_counter()
+    cfg = gemma3n_config(text_layers, audio_layers)
+    model = Gemma3nForConditionalGeneration._from_config(cfg, dtype=torch_dtype)
+    timings["construct_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    randomize_blocked(model, common.SEED + 1)
+    if dtype == "bf16":
+        for c in [model.config] + [getattr(model.config, k) for k in model.config.sub_configs]:
+            c.dtype = "bfloat16"
+    timings["fill_s"] = time.perf_counter() - t
+    assert model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr()
+    ids = GEMMA3N_SPECIALS
+    model.generation_config = GenerationConfig(bos_token_id=ids["<bos>"],
+                                               eos_token_id=[ids["<eos>"], ids["<end_of_turn>"]],
+                                               pad_token_id=ids["<pad>"], do_sample=False)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    t = time.perf_counter()
+    model.save_pretrained(tmp, max_shard_size=shard)
+    gemma3n_processor(gemma3n_tokenizer()).save_pretrained(tmp)
+    timings["save_s"] = time.perf_counter() - t
+    shared = model.config.text_config.num_kv_shared_layers
+    tensors = check_gemma3n_tensors(tmp, text_layers, audio_layers, shared)
+
+    def count(*prefixes):
+        return sum(p.numel() for n, p in model.named_parameters() if n.startswith(prefixes))
+
+    params = {"total": sum(p.numel() for p in model.parameters()), "text": count("model.language_model."),
+              "audio": count("model.audio_tower.", "model.embed_audio."),
+              "vision": count("model.vision_tower.", "model.embed_vision."),
+              "text_per_layer_table": model.model.language_model.embed_tokens_per_layer.weight.numel()}
+    files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+    tc = model.config.text_config
+    info = {
+        "generator": "tools/bench/gen_ckpt.py", "family": "gemma3n", "dtype": dtype, "text_layers": text_layers,
+        "vision_blocks": audio_layers, "audio_layers": audio_layers, "num_kv_shared_layers": shared,
+        "layer_types": tc.layer_types, "activation_sparsity_pattern": tc.activation_sparsity_pattern,
+        "params": params, **tensors, "bytes": sum(files.values()), "files": files, "seed": common.SEED,
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+    }
+    (tmp / DONE).write_text(json.dumps(info, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return info
+
+
 def build(out: Path, dtype: str, text_layers: int, vision_blocks: int, shard: str, family: str = "qwen2_vl") -> dict:
     import common
     import torch
@@ -981,6 +1280,8 @@ def ensure(dtype: str = "bf16", text_layers: int | None = None, vision_blocks: i
             info = build_molmo(out, dtype, text_layers, vision_blocks, shard)
         elif family == "youtu_vl":
             info = build_youtu_vl(out, dtype, text_layers, vision_blocks, shard)
+        elif family == "gemma3n":
+            info = build_gemma3n(out, dtype, text_layers, vision_blocks, shard)
         else:
             info = build(out, dtype, text_layers, vision_blocks, shard, family)
         print(f"gen_ckpt: {info['bytes'] / 1e9:.2f} GB, {info['params']['total']:,} parameters, "
@@ -992,17 +1293,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=FAMILIES, default="qwen2_vl",
                     help="qwen2_vl: Qwen2-VL-2B's shape; qwen2_5_vl: Qwen2.5-VL-3B's; qwen3_vl: Qwen3-VL-2B's; "
-                         "molmo2: Molmo2-4B's; molmo: Molmo-7B-D's; youtu_vl: Youtu-VL-4B's (default %(default)s)")
+                         "molmo2: Molmo2-4B's; molmo: Molmo-7B-D's; youtu_vl: Youtu-VL-4B's; "
+                         "gemma3n: gemma-3n-E2B-it's (default %(default)s)")
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--text-layers", type=int,
                     help="default: the real model's (28 qwen2_vl, 36 qwen2_5_vl, 28 qwen3_vl, 36 molmo2, 28 molmo, "
-                         "40 youtu_vl)")
+                         "40 youtu_vl, 30 gemma3n)")
     ap.add_argument("--vision-blocks", type=int,
                     help="default: the real model's (32; 24 qwen3_vl; 25 molmo2, the ViT layers stored and run; "
-                         "23 molmo, the declared ViT layers; 27 youtu_vl)")
+                         "23 molmo, the declared ViT layers; 27 youtu_vl; 12 gemma3n, its audio conformer layers)")
     ap.add_argument("--out", type=Path, help="default: ~/.cache/mlxcel/bench/qwen2vl-2b-<dtype>-L<n>-V<m> "
                                              "(qwen2_5_vl-3b-..., qwen3_vl-2b-..., molmo2-4b-..., "
-                                             "molmo-7b-d-... and youtu_vl-4b-... for the other families)")
+                                             "molmo-7b-d-..., youtu_vl-4b-... and gemma3n-e2b-...-L<n>-A<m> "
+                                             "for the other families)")
     ap.add_argument("--shard-size", default="2GB", help="max_shard_size for save_pretrained")
     ap.add_argument("--force", action="store_true", help="rebuild even when a complete checkpoint is there")
     args = ap.parse_args()
