@@ -910,23 +910,25 @@ impl Emitter<'_> {
 
     /// `sqrt(mean(x^2))` over the last dimension of `x [B, T, H]`: `[B, T]` in the accumulator.
     fn magnitude(&self, f: &mut Func, x: &Value) -> Value {
+        let mean = self.mean_square(f, x);
+        f.sqrt(&mean)
+    }
+
+    /// `mean(x^2)` over the last dimension, in the accumulator.
+    fn mean_square(&self, f: &mut Func, x: &Value) -> Value {
         let xa = f.convert(x, self.c.accumulate);
         let sq = f.mul(&xa, &xa);
         let last = x.shape().len() - 1;
         let sum = f.reduce(&sq, &[last], mlxcel_emit::Reduce::Sum);
         let n = f.splat(sum.ty(), x.shape()[last] as f64);
-        let mean = f.div(&sum, &n);
-        f.sqrt(&mean)
+        f.div(&sum, &n)
     }
 
     /// `y` rescaled to `target`'s magnitude: `y * target / sqrt(max(mean(y^2), 1e-5))`.
     fn rescaled(&self, f: &mut Func, y: &Value, target: &Value) -> Value {
         let ya = f.convert(y, self.c.accumulate);
-        let sq = f.mul(&ya, &ya);
         let last = y.shape().len() - 1;
-        let sum = f.reduce(&sq, &[last], mlxcel_emit::Reduce::Sum);
-        let n = f.splat(sum.ty(), y.shape()[last] as f64);
-        let mean = f.div(&sum, &n);
+        let mean = self.mean_square(f, y);
         let floor = f.splat(mean.ty(), 1e-5);
         let mean = f.max(&mean, &floor);
         let now = f.sqrt(&mean);
