@@ -41,8 +41,10 @@ impl Target {
     /// differ; for `host` it names this machine's CPU model and features.
     pub fn fingerprint(&self) -> String {
         match self {
-            Target::Cpu { cpu } if cpu == "host" => format!("llvm-cpu:host:{}", host_cpu_identity()),
-            Target::Cpu { cpu } => format!("llvm-cpu:{cpu}"),
+            Target::Cpu { cpu } if cpu == "host" => {
+                format!("llvm-cpu:host:{}:tuning-{}", host_cpu_identity(), tuning_spec_digest())
+            }
+            Target::Cpu { cpu } => format!("llvm-cpu:{cpu}:tuning-{}", tuning_spec_digest()),
             Target::Cuda => "cuda".into(),
             Target::Vulkan => "vulkan-spirv".into(),
         }
@@ -58,6 +60,17 @@ fn host_cpu_identity() -> String {
     lines.sort();
     lines.dedup();
     hex::encode(&sha2::Sha256::digest(lines.join("\n").as_bytes())[..8])
+}
+
+/// IREE's Transform-dialect tuning spec for `llvm-cpu` (`shim/tuning/llvm_cpu.mlir`): lowering
+/// configurations for the dispatch shapes IREE's defaults leave slow, given to every CPU compile
+/// (IREE's own mechanism for per-target tuning, instead of hand-written kernels). Its digest is
+/// part of the target's fingerprint, so every cache key follows it.
+pub const LLVM_CPU_TUNING_SPEC: &str = include_str!("../tuning/llvm_cpu.mlir");
+
+fn tuning_spec_digest() -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(LLVM_CPU_TUNING_SPEC.as_bytes())[..8])
 }
 
 /// A loaded IREE compiler. Cheap to clone; the library stays loaded for the
@@ -78,8 +91,17 @@ impl Compiler {
 
     /// Loads the compiler library at `path` and checks its version.
     pub fn load(path: &Path) -> Result<Self> {
-        let inner = eerie::compiler::Compiler::with_library(path)
+        let mut inner = eerie::compiler::Compiler::with_library(path)
             .map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
+        // One compiler thread per session. IREE 3.13 parses a tuning spec under a lock while its
+        // pass manager configures executables in parallel, and a compile then deadlocked (a
+        // worker waiting on that lock in `getOrLoadTransformLibraryModule` forever); the option
+        // is process-wide, set once. A decoder bundle compiled no slower on 2 cores (9.0 s
+        // against 9.7 s with threads).
+        match inner.setup_global_cl(vec!["mlxcel".to_owned(), "--mlir-disable-threading".to_owned()]) {
+            Ok(_) | Err(eerie::compiler::CompilerError::GlobalCLAlreadySet) => {}
+            Err(e) => return Err(Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() }),
+        }
         let revision =
             inner.get_revision().map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
         // Official wheels report "3.13.0rc<date> @ <commit>" or "3.13.0 @ ...".
@@ -102,6 +124,18 @@ impl Compiler {
     /// in errors; `extra_flags` follow the target's flags.
     pub fn compile(&self, what: &str, mlir: &str, target: &Target, extra_flags: &[String]) -> Result<Vec<u8>> {
         let mut flags = target.flags();
+        // The compiler reads the spec from a file; it lives as long as this call.
+        let spec = match target {
+            Target::Cpu { .. } => {
+                let file = write_spec(LLVM_CPU_TUNING_SPEC).map_err(|e| Error::Compile {
+                    what: what.to_owned(),
+                    diagnostics: format!("could not write the tuning spec to a temporary file: {e}"),
+                })?;
+                flags.push(format!("--iree-codegen-tuning-spec-path={}", file.path().display()));
+                Some(file)
+            }
+            Target::Cuda | Target::Vulkan => None,
+        };
         flags.extend(extra_flags.iter().cloned());
         let _span = tracing::info_span!("compile", module = what).entered();
         // One thread uses IREE at a time (see lock.rs): concurrent compiler
@@ -112,9 +146,18 @@ impl Compiler {
             .inner
             .compile_str(mlir, &flags)
             .map_err(|e| Error::Compile { what: what.to_owned(), diagnostics: describe_compiler_error(e) })?;
+        drop(spec);
         tracing::info!(bytes = vmfb.len(), elapsed_ms = started.elapsed().as_millis() as u64, "compiled");
         Ok(vmfb)
     }
+}
+
+fn write_spec(text: &str) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::io::Write;
+    let mut file = tempfile::Builder::new().prefix("mlxcel-tuning-").suffix(".mlir").tempfile()?;
+    file.write_all(text.as_bytes())?;
+    file.flush()?;
+    Ok(file)
 }
 
 fn describe_compiler_error(e: eerie::compiler::CompilerError) -> String {

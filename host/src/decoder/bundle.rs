@@ -198,12 +198,17 @@ impl Decoder {
         // and read back.
         if quantized {
             flags.push("--iree-dispatch-creation-enable-aggressive-fusion".to_owned());
-            // Those reductions run along the inputs; kept in order, IREE 3.13 reduces each
-            // vector lane by lane in scalar adds (an 8960x1536 4-bit matvec: 7.4 ms, against
-            // 1.1 ms reassociated and 1.8 ms for the same weight in bf16). The association is
-            // the backend's either way (see the contract's record); the flag is part of the
-            // backend's identity there.
+        }
+        // A decode step's reductions over weights narrower than f32 run along the inputs (the
+        // quantized ones above; 16-bit float weights through the target's tuning spec, see
+        // `shim/tuning/llvm_cpu.mlir`). Kept in order, IREE 3.13 reduces each vector lane by
+        // lane in scalar adds (an 8960x1536 4-bit matvec: 7.4 ms, against 1.1 ms reassociated
+        // and 1.2 ms for the same weight in bf16). The association is the backend's either way
+        // (see the contract's record); the flag is part of the backend's identity there.
+        if quantized || weights != Elem::F32 {
             flags.push("--iree-llvmcpu-reassociate-fp-reductions=true".to_owned());
+        }
+        if quantized {
             // Reassociated, a norm over a dequantized embedding row keeps a 48 KiB vector on the
             // stack, over IREE's default 32 KiB limit; local-task workers have 128 KiB stacks
             // (IREE's `task_worker_stack_size`), local-sync runs on the caller's thread.

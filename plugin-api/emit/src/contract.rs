@@ -12,7 +12,9 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v4: `linear` over at most [`WEIGHT_LEFT_MAX_ROWS`] rows contracts with
 /// the weight on the left (`w @ x^T`).
 /// v5: MLX's affine-quantized weights (`dequantize`, `qlinear`).
-pub const CONTRACT_VERSION: u32 = 5;
+/// v6: a decode step's `linear` over 16-bit float weights reduces in 256-wide lane groups
+/// combined at the end (the target's tuning spec), stated in the association.
+pub const CONTRACT_VERSION: u32 = 6;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -93,7 +95,9 @@ const ROUNDING: [&str; 9] = [
 const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles and vectorises each reduction; \
                            with --iree-llvmcpu-reassociate-fp-reductions in the backend, vector lanes are summed \
                            apart and then combined); qlinear over one row reduces over (groups, group_size) at \
-                           once";
+                           once; linear over one row of 16-bit float weights (a decode step) reduces each \
+                           output over 256 inputs at a time, lanes summed apart and combined at the end \
+                           (the llvm-cpu tuning spec, reassociated)";
 
 /// The dequantization, as [`ContractDescriptor::dequantization`] states it.
 const DEQUANTIZATION: &str = "MLX affine: integers packed least significant first in u32 words, zero-extended; \
