@@ -10,6 +10,8 @@ Run with the oracle venv's python (torch, transformers, mlx-vlm), after building
     $PY tools/bench/compare.py --quick                         # tiny f32 fixture, ratios only, well under a minute
     $PY tools/bench/compare.py --dtype f32 --text-layers 8 --vision-blocks 8 --reps 3 --bf16 --cold
     $PY tools/bench/compare.py --dtype f32 --reps 3            # full depth (28 text layers, 32 vision blocks)
+    bash tools/bench/setup_llama_cpp.sh                        # once: llama.cpp, a third system for qwen2_vl
+    $PY tools/bench/compare.py --dtype bf16 --reps 3 --new 32 --llama-quant Q4_K_M   # with llama.cpp bf16 and Q4_K_M
     $PY tools/bench/compare.py --family qwen2_5_vl --quick     # the same on the tiny Qwen2.5-VL fixture
     $PY tools/bench/compare.py --family qwen2_5_vl --dtype f32 --text-layers 8 --vision-blocks 8 --reps 3 --bf16 --cold
     $PY tools/bench/compare.py --family qwen2_5_vl --dtype bf16 --reps 2 --new 32   # full depth (36 text, 32 vision)
@@ -111,6 +113,22 @@ alternates too); each repetition is a fresh process per system. Per system and r
                as it is; for molmo2 its molmo2 model, which also reads the Hub form as it is but only at full
                depth: it cuts a declared ViT deeper than 25 layers to 25 and builds a shallower one whole, so
                a reduced tower (vit_config declaring 2 layers more than are stored) fails to load in it.
+  llama.cpp    qwen2_vl only, when tools/bench/setup_llama_cpp.sh has built it (llama.cpp from the llama-cpp-python
+               sdist on PyPI, native CPU flags; a default run without it skips it with a note, an explicit
+               --systems ...,llama.cpp stops naming the script): the checkpoint converted once by llama.cpp's
+               convert_hf_to_gguf.py at the run's dtype (f32 or bf16 GGUF) and its vision tower as an mmproj GGUF,
+               under ~/.cache/mlxcel/bench/gguf/ (tools/bench/llama_cpp.py, which also says how the bench tokenizer
+               is named to the converter); with --llama-quant TYPE also llama-quantize's TYPE (Q4_K_M, ...) of that
+               GGUF, measured the same way. Per repetition two fresh llama-server processes (-t/-tb --threads, the
+               prompt caches off): a 1-slot one for one greedy stream of --new tokens over the image request (the
+               decode rate as `generate --image` gives mlxcel-host's; its peak RSS in the `generate` 1 slot row),
+               and an S-slot one (-np S, capacity rows per slot) for the warm image request's time to first token,
+               a text request of as many rows (the encoder's share is the difference, as for mlxcel-host) and S
+               concurrent streams, all over /completion: text prompts as the same token ids the other systems run,
+               the image request as the chat template's text with the image as multimodal data (its text ids and
+               row count checked against the others' prompt ids). Weight repacking is llama.cpp's default (on;
+               --llama-no-repack turns it off) and whether repacked buffers were used is recorded; its KV cache is
+               its default f16. Ratios: mlxcel-host's advantage over llama.cpp, as over the reference.
 
 With --bf16, the bf16 checkpoint of the same shape too (bf16 storage on both sides: transformers computes in
 bf16, mlxcel-host keeps the weights bf16 and computes in f32, its qualified mode): the image request's warm
@@ -140,7 +158,8 @@ layer and token (the latent and the rotary key), the tied head once.
 
 Results: printed as a markdown table and written as JSON under ~/.cache/mlxcel/bench/results/. Ratios are
 "mlxcel-host advantage": transformers time / mlxcel-host time, or mlxcel-host rate / transformers rate
-(> 1: mlxcel-host is better). The script asserts nothing about absolute speed.
+(> 1: mlxcel-host is better); over llama.cpp the same (JSON: ratios_llama_cpp, each metric's "llama.cpp" figure, and
+llama_cpp with its settings, files and --llama-quant variants). The script asserts nothing about absolute speed.
 """
 
 from __future__ import annotations
@@ -165,6 +184,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import llama_cpp  # noqa: E402  (tools/bench/llama_cpp.py: stdlib only at import)
+import sse  # noqa: E402
 
 HOST = REPO / "target" / "release" / "mlxcel-host"
 PLUGINS = REPO / "target" / "plugins"
@@ -427,31 +449,14 @@ def mlxcel_generate(w: Workload, args, image: bool = True, new: int | None = Non
 def sse_request(addr: str, body: dict, timeout: float = 1800) -> dict:
     """One streamed chat completion; the arrival time of each token's chunk (logprobs are requested, so
     every token has a chunk even when it decodes to no text)."""
-    host, port = addr.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:2000]!r}")
-    stamps, usage = [], None
-    for line in resp:
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            raise RuntimeError(chunk["error"])
+    t0, stamps, usage = time.perf_counter(), [], None
+    for t0, chunk in sse.post_stream(addr, "/v1/chat/completions", body, timeout):
         if chunk.get("usage"):
             usage = chunk["usage"]
         for c in chunk.get("choices", []):
             lp = c.get("logprobs")
             if lp and lp.get("content"):
                 stamps.extend([time.perf_counter()] * len(lp["content"]))
-    conn.close()
     return {"t0": t0, "stamps": stamps, "usage": usage}
 
 
@@ -557,6 +562,54 @@ def _get(addr: str, path: str) -> str:
     body = conn.getresponse().read().decode()
     conn.close()
     return body
+
+
+# ------------------------------------------------------------------------------------------------
+# llama.cpp (tools/bench/llama_cpp.py: the GGUF files, llama-server, the measurement)
+
+SYSTEMS = ("mlxcel", "hf", "llama.cpp")
+
+
+def select_systems(args) -> list[str]:
+    """--systems, or the default: mlxcel-host and the reference, and llama.cpp for its families outside --quick when it
+    is built (else skipped with a note). An explicit llama.cpp that cannot run stops the script, naming the setup."""
+    explicit = args.systems is not None
+    if explicit:
+        systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+        unknown = [x for x in systems if x not in SYSTEMS]
+        if unknown or not systems:
+            sys.exit(f"compare: --systems takes {', '.join(SYSTEMS)}, not {args.systems!r}")
+    else:
+        systems = ["mlxcel", "hf"]
+        if not args.quick and args.family in llama_cpp.FAMILIES:
+            systems.append("llama.cpp")
+    if "llama.cpp" in systems:
+        if args.family not in llama_cpp.FAMILIES:
+            why = f"compare runs llama.cpp on {', '.join(llama_cpp.FAMILIES)} only, not {args.family}"
+        else:
+            why = llama_cpp.missing()
+            if why:
+                why += (f"; build it with `bash {llama_cpp.SETUP.relative_to(REPO)}` (llama.cpp from the "
+                        f"llama-cpp-python sdist on PyPI)")
+        if why:
+            if explicit:
+                sys.exit(f"compare: --systems names llama.cpp, but {why}")
+            print(f"compare: note: llama.cpp skipped: {why}", file=sys.stderr, flush=True)
+            systems.remove("llama.cpp")
+    if args.llama_quant and "llama.cpp" not in systems:
+        sys.exit("compare: --llama-quant measures llama.cpp, which this run does not include")
+    return systems
+
+
+def prepare_llama(w: Workload, args) -> dict[str, tuple[str, Path, Path]]:
+    """The GGUF files llama.cpp runs, made once: the checkpoint at the run's dtype and its mmproj, then each
+    --llama-quant type of it (with the same mmproj). Keyed by the runs' name: llama_cpp, llama_cpp_<TYPE>."""
+    gguf = llama_cpp.ensure_gguf(w.model, args.dtype)
+    mmproj = llama_cpp.ensure_mmproj(w.model, args.dtype)
+    out = {"llama_cpp": (args.dtype, gguf, mmproj)}
+    for q in [q.strip() for q in args.llama_quant.split(",") if q.strip()]:
+        out[f"llama_cpp_{q}"] = (q, llama_cpp.ensure_quant(w.model, gguf, q, args.threads), mmproj)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1117,7 +1170,14 @@ def main() -> int:
     ap.add_argument("--mlx-warm-limit", type=float, default=120,
                     help="molmo, youtu_vl: mlx-vlm's image request is timed warm (a second pass) only when its "
                          "first pass took at most this many seconds (default %(default)s)")
-    ap.add_argument("--systems", default="mlxcel,hf")
+    ap.add_argument("--systems",
+                    help="comma-separated, of mlxcel, hf and llama.cpp (default: mlxcel,hf, and llama.cpp too for "
+                         "qwen2_vl outside --quick when tools/bench/setup_llama_cpp.sh has built it)")
+    ap.add_argument("--llama-quant", default="",
+                    help="llama.cpp: also these llama-quantize types of the run's GGUF, comma-separated (e.g. Q4_K_M), "
+                         "measured as llama.cpp is, beside mlxcel-host at --dtype")
+    ap.add_argument("--llama-no-repack", action="store_true",
+                    help="llama.cpp: --no-repack (its CPU weight repacking is on by default)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help="results JSON (default under ~/.cache/mlxcel/bench/results/)")
@@ -1188,7 +1248,7 @@ def main() -> int:
     spec = w.spec()
     if args.family in REFERENCE:
         spec["mlx_warm_limit"] = args.mlx_warm_limit
-    systems = args.systems.split(",")
+    systems = select_systems(args)
     say = (lambda *a: None) if args.quick else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
     runs: dict[str, list[dict]] = {"mlxcel_generate": [], "mlxcel_serve": [], "hf": []}
@@ -1209,6 +1269,11 @@ def main() -> int:
         say("priming mlxcel-host's compile cache ...")
         g = mlxcel_generate(w, args, new=2)
         mlxcel_serve(w, args, len(g["prompt_ids"]), prime=True)
+    llama = None
+    if "llama.cpp" in systems and not args.q4_only:
+        llama = prepare_llama(w, args)
+        say("llama.cpp: " + ", ".join(f"{label} {gguf.name} (+ {mmproj.name})"
+                                      for label, gguf, mmproj in llama.values()))
     for rep in range(0 if args.q4_only else args.reps):
         order = systems if rep % 2 == 0 else systems[::-1]
         for system in order:
@@ -1229,10 +1294,19 @@ def main() -> int:
                         runs.setdefault("reference_errors", []).append({"error": str(e)[-4000:]})
                 else:
                     runs["hf"].append(run_worker("hf", spec))
-            say(json.dumps({k: {kk: vv for kk, vv in v[-1].items() if kk not in ("prompt_ids", "tokens", "stderr")}
+            elif system == "llama.cpp":
+                for key, (label, gguf, mmproj) in llama.items():
+                    say(f"rep {rep + 1}: llama.cpp {label} ...")
+                    runs.setdefault(key, []).append(llama_cpp.run(w, args, Proc, window_rate, gguf, mmproj,
+                                                                  machine_busy, HZ))
+            say(json.dumps({k: {kk: vv for kk, vv in v[-1].items()
+                                if kk not in ("prompt_ids", "tokens", "stderr", "head_ids", "tail_ids", "system_info",
+                                              "server_cmd", "timings_1_stream", "timings_image", "timings_text")}
                             for k, v in runs.items() if v}, default=str)[:3000])
 
     extra: dict[str, dict] = {}
+    # --bf16 and --q4 compare mlxcel-host and transformers only.
+    extra_systems = [x for x in systems if x != "llama.cpp"]
     if args.cold and "mlxcel" in systems:
         with tempfile.TemporaryDirectory(prefix="mlxcel-cold-") as cache:
             say("cold start: empty compile cache ...")
@@ -1249,7 +1323,7 @@ def main() -> int:
             g = mlxcel_generate(wb, args, new=2)
             mlxcel_serve(wb, args, len(g["prompt_ids"]), prime=True)
         for rep in range(args.reps):
-            for system in (systems if rep % 2 == 0 else systems[::-1]):
+            for system in (extra_systems if rep % 2 == 0 else extra_systems[::-1]):
                 say(f"bf16 rep {rep + 1}: {system} ...")
                 if system == "mlxcel":
                     g = mlxcel_generate(wb, args)
@@ -1268,7 +1342,7 @@ def main() -> int:
             g = mlxcel_generate(wq, args, new=2)
             mlxcel_serve(wq, args, len(g["prompt_ids"]), prime=True)
         for rep in range(args.reps):
-            for system in (systems if rep % 2 == 0 else systems[::-1]):
+            for system in (extra_systems if rep % 2 == 0 else extra_systems[::-1]):
                 say(f"q4 rep {rep + 1}: {system} ...")
                 if system == "mlxcel":
                     g = mlxcel_generate(wq, args)
@@ -1317,9 +1391,11 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
     import gen_ckpt
 
     g, s, h = runs["mlxcel_generate"], runs["mlxcel_serve"], runs["hf"]
+    ll = runs.get("llama_cpp", [])
     dtype_bytes = 4 if args.dtype == "f32" else 2
     tc = w.text
-    rows_image = len(g[0]["prompt_ids"]) if g else (len(h[0]["prompt_ids"]) if h else 0)
+    rows_image = (len(g[0]["prompt_ids"]) if g else (len(h[0]["prompt_ids"]) if h else 0)) or (
+        ll[0]["prompt_rows_image"] if ll else 0)
     same_prompt = None
     if g and h:
         same_prompt = g[0]["prompt_ids"] == h[0]["prompt_ids"]
@@ -1339,6 +1415,7 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
     for k, (a, b, better) in m.items():
         if a and b:
             ratios[k] = b / a if better == "lower" else a / b
+    llama = summarize_llama(runs, m, g, h)
     limits = {}
     if bw:
         ctx1 = rows_image + args.new / 2
@@ -1366,7 +1443,11 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
         "streams": args.streams, "threads": args.threads, "driver": args.driver, "capacity": args.capacity,
         "chunk": args.chunk, "prompt_rows_image": rows_image, "same_prompt_ids": same_prompt,
         "checkpoint_bytes": ckpt, "kv_bytes_per_slot": kv,
-        "metrics": {k: {"mlxcel": a, "hf": b, "better": c} for k, (a, b, c) in m.items()}, "ratios": ratios,
+        "metrics": {k: {"mlxcel": a, "hf": b, **({"llama.cpp": llama["metrics"][k]} if llama else {}), "better": c}
+                    for k, (a, b, c) in m.items()}, "ratios": ratios,
+        # mlxcel-host's advantage over llama.cpp at the run's dtype (as "ratios" is over the reference), and the
+        # llama.cpp runs' settings, GGUF files, prompt check and --llama-quant variants.
+        **({"ratios_llama_cpp": llama["ratios"], "llama_cpp": llama["info"]} if llama else {}),
         "bandwidth": bw, "limits": limits,
         # The floor under every child's peak RSS (see the module docstring).
         "harness_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -1374,6 +1455,51 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
         "cores_used_mlxcel_generate": med(g, "cores_used"), "cores_used_hf": med(h, "cores_used"),
         "summary_extra": summarize_extra(extra, w, args, bw),
     }
+
+
+# mlxcel-host's metrics and llama.cpp's figure for each (tools/bench/llama_cpp.py's run()).
+LLAMA_KEYS = {"ttft_image_s": "ttft_image_s", "encoder_s": "encoder_derived_s", "lm_prefill_s": "ttft_text_same_rows_s",
+              "decode_1_tok_s": "decode_tok_s", "aggregate_tok_s": "aggregate_tok_s",
+              "end_to_end_tok_s": "end_to_end_tok_s", "peak_rss_1_stream_bytes": "peak_rss_1_stream_bytes",
+              "peak_rss_bytes": "peak_rss_bytes", "load_s": "load_s"}
+
+
+def summarize_llama(runs: dict, m: dict, g: list, h: list) -> dict | None:
+    """llama.cpp's medians beside mlxcel-host's, and mlxcel-host's advantage over them (the same convention as over
+    the reference), for the run's dtype (runs["llama_cpp"]) and each --llama-quant type (runs["llama_cpp_<TYPE>"])."""
+    variants = {k: v for k, v in runs.items() if (k == "llama_cpp" or k.startswith("llama_cpp_")) and v}
+    if not variants:
+        return None
+    ref = g[0]["prompt_ids"] if g else (h[0]["prompt_ids"] if h else None)
+
+    def one(rows: list[dict]) -> dict:
+        vals = {k: med(rows, LLAMA_KEYS[k]) if k in LLAMA_KEYS else None for k in m}
+        ratios = {}
+        for k, (a, _, better) in m.items():
+            b = vals[k]
+            if a and b:
+                ratios[k] = b / a if better == "lower" else a / b
+        first = rows[0]
+        info = {"gguf": first["gguf"], "mmproj": first["mmproj"], "prompt_rows_image": first["prompt_rows_image"],
+                "same_prompt_ids": llama_cpp.same_prompt(ref, first),
+                # Its greedy tokens over the image request against mlxcel-host's `generate` (else transformers').
+                "same_tokens": (first["tokens"] == (g[0]["tokens"] if g else h[0]["tokens"])) if (g or h) else None,
+                "repack": first["repack"],
+                "repack_used": any(r["repack_used"] for r in rows), "buffers": first.get("buffers"),
+                "kv_types": first.get("kv_types"), "flash_attn": first.get("flash_attn"),
+                "system_info": first.get("system_info"), "server_cmd": first["server_cmd"],
+                "server_timings_image_1_stream": first.get("timings_1_stream")}
+        return {"metrics": vals, "ratios": ratios, "info": info}
+
+    main = one(variants["llama_cpp"]) if "llama_cpp" in variants else {"metrics": dict.fromkeys(m), "ratios": {},
+                                                                        "info": {}}
+    quants = {k[len("llama_cpp_"):]: one(v) for k, v in variants.items() if k != "llama_cpp"}
+    setup = llama_cpp.setup_info() or {}
+    main["info"].update(setup={k: setup.get(k) for k in ("llama_cpp_python", "source", "cmake_flags", "march_native",
+                                                         "build_seconds")},
+                        aggregate="llama-server -np S, S concurrent /completion streams (token-id prompts)",
+                        quants=quants)
+    return main
 
 
 def summarize_extra(extra: dict, w: Workload, args, bw) -> dict:
@@ -1468,7 +1594,27 @@ def print_table(r: dict) -> None:
             lim = (r["limits"]["copy"][k], r["limits"]["read"][k])
         rows.append((LABELS[k].format(streams=r["streams"], media=r.get("media", "image")), k, v["mlxcel"], v["hf"],
                      r["ratios"].get(k), lim))
-    print_rows(rows, r.get("reference", "transformers"))
+    extra = []
+    if r.get("llama_cpp"):
+        li = r["llama_cpp"]
+        extra.append((f"llama.cpp {r['dtype']}", {k: v.get("llama.cpp") for k, v in r["metrics"].items()},
+                      r["ratios_llama_cpp"]))
+        for q, qv in li["quants"].items():
+            extra.append((f"llama.cpp {q}", qv["metrics"], qv["ratios"]))
+    print_rows(rows, r.get("reference", "transformers"), extra)
+    if r.get("llama_cpp"):
+        li = r["llama_cpp"]
+        print(f"\nllama.cpp (llama-cpp-python {li['setup'].get('llama_cpp_python')}'s vendor tree, -march=native): "
+              f"{li['gguf']} + {Path(li['mmproj']).name}; image prompt {li['prompt_rows_image']} rows, same prompt "
+              f"ids: {li['same_prompt_ids']}, same greedy tokens: {li['same_tokens']}; repacking "
+              f"{'on' if li['repack'] else 'off (--no-repack)'}, used: "
+              f"{li['repack_used']} (weight buffers {li['buffers']}); KV cache {li['kv_types']}; flash attention "
+              f"{li['flash_attn']}; aggregate: {li['aggregate']}")
+        for q, qv in li["quants"].items():
+            qi = qv["info"]
+            print(f"llama.cpp {q}: {qi['gguf']}, same prompt ids: {qi['same_prompt_ids']}, same greedy tokens: "
+                  f"{qi['same_tokens']}, repacking used: "
+                  f"{qi['repack_used']} (weight buffers {qi['buffers']})")
     if r["bandwidth"]:
         print(f"\nbandwidth ({r['threads']} threads): {json.dumps(r['bandwidth'])}")
         print(f"bytes per decode step: 1 stream {r['limits']['bytes_per_step_1'] / 1e9:.3f} GB, "
@@ -1512,15 +1658,17 @@ def print_q4(v: dict, r: dict) -> None:
         print(f"packed bytes per decode step, 1 stream: {v['bytes_per_step_1'] / 1e9:.3f} GB")
 
 
-def print_rows(rows: list[tuple], reference: str = "transformers") -> None:
-    """A markdown table of (label, metric key, mlxcel-host, reference, ratio, (copy, read) limit or None)."""
-    print(f"| metric | mlxcel-host | {reference} | mlxcel-host advantage (x) | bandwidth limit (copy / read) |")
-    print("|---|---|---|---|---|")
+def print_rows(rows: list[tuple], reference: str = "transformers", extra: list[tuple] = ()) -> None:
+    """A markdown table of (label, metric key, mlxcel-host, reference, ratio, (copy, read) limit or None), and per
+    `extra` system (name, its value per metric key, mlxcel-host's advantage per metric key) two more columns."""
+    head = "".join(f" {name} | advantage over {name} (x) |" for name, _, _ in extra)
+    print(f"| metric | mlxcel-host | {reference} | mlxcel-host advantage (x) |{head} bandwidth limit (copy / read) |")
+    print("|---|---|---|---|" + "---|---|" * len(extra) + "---|")
     for label, k, a, b, ratio, lim in rows:
-        if "bytes" in k:
-            a, b = gib(a), gib(b)
+        scale = gib if "bytes" in k else (lambda x: x)
+        cols = "".join(f" {fmt(scale(vals.get(k)))} | {fmt(ratios.get(k))} |" for _, vals, ratios in extra)
         limit = f"{lim[0]:.3g} / {lim[1]:.3g}" if lim else ""
-        print(f"| {label} | {fmt(a)} | {fmt(b)} | {fmt(ratio)} | {limit} |")
+        print(f"| {label} | {fmt(scale(a))} | {fmt(scale(b))} | {fmt(ratio)} |{cols} {limit} |")
 
 
 def print_ratios(r: dict) -> None:
@@ -1530,6 +1678,12 @@ def print_ratios(r: dict) -> None:
     for k, v in r["ratios"].items():
         label = LABELS[k].format(streams=r["streams"], media=r.get("media", "image")).split(" (")[0]
         print(f"  {label:<48} {v:.2f}")
+    if r.get("ratios_llama_cpp"):
+        print(f"  mlxcel-host advantage over llama.cpp {r['dtype']} (same prompt ids: "
+              f"{r['llama_cpp']['same_prompt_ids']}):")
+        for k, v in r["ratios_llama_cpp"].items():
+            label = LABELS[k].format(streams=r["streams"], media=r.get("media", "image")).split(" (")[0]
+            print(f"  {label:<48} {v:.2f}")
 
 
 if __name__ == "__main__":
