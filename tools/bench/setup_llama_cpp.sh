@@ -34,7 +34,7 @@ TARGETS=(llama-server llama-bench llama-batched-bench llama-cli llama-completion
 
 say() { echo "setup_llama_cpp: $*" >&2; }
 
-# 1. The helper venv.
+# 1. The build venv.
 if [ ! -x "$VENV/bin/cmake" ] || [ ! -x "$VENV/bin/ninja" ]; then
     say "creating $VENV (cmake, ninja, scikit-build-core from PyPI)"
     python3 -m venv "$VENV"
