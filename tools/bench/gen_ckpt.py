@@ -431,6 +431,17 @@ HUB_CONFIGS = {"qwen2_5_vl": (qwen2_5_vl_hub_config, "Qwen2_5_VLConfig", "Qwen2_
                "molmo2": (molmo2_hub_config, "Molmo2Config", "Molmo2ForConditionalGeneration")}
 
 
+def filler_name(n: int) -> str:
+    """A filler piece's text for token id n: the id in base 36 (the pieces that fill a tokenizer's unused ids)."""
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    s = ""
+    while True:
+        n, r = divmod(n, 36)
+        s = digits[r] + s
+        if n == 0:
+            return s
+
+
 def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
     """The oracle's byte-level BPE (384 trained pieces), filler pieces up to id 151642, the specials at their
     real ids. Fillers are never produced by encoding (no merges lead to them) but decode to ` #<id in base
@@ -445,15 +456,6 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
     spec = json.loads(common.build_tokenizer([]).to_str())
     vocab = spec["model"]["vocab"]
     base = len(vocab)
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-    def b36(n: int) -> str:
-        s = ""
-        while True:
-            n, r = divmod(n, 36)
-            s = digits[r] + s
-            if n == 0:
-                return s
 
     if family == "youtu_vl":
         specials = dict(YOUTU_VL_SPECIALS)
@@ -462,7 +464,7 @@ def tokenizer(chat_template: str = CHAT_TEMPLATE, family: str = "qwen2_vl"):
         specials = {**SPECIALS, **({"molmo2": MOLMO2_SPECIALS, "molmo": MOLMO_SPECIALS}.get(family, {}))}
         fill = range(base, min(SPECIALS.values()))
     for i in fill:
-        piece = "Ġ#" + b36(i)  # "Ġ" is the byte-level form of a space
+        piece = "Ġ#" + filler_name(i)  # "Ġ" is the byte-level form of a space
         if piece in vocab:
             raise RuntimeError(f"filler {piece} collides with a trained piece")
         vocab[piece] = i
@@ -979,19 +981,10 @@ def gemma3n_tokenizer():
     vocab = {piece: GEMMA3N_BASE_ID + i for piece, i in trained.items()}
     taken = set(vocab.values()) | set(GEMMA3N_SPECIALS.values())
     assert not set(vocab.values()) & set(GEMMA3N_SPECIALS.values())
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-    def b36(n: int) -> str:
-        s = ""
-        while True:
-            n, r = divmod(n, 36)
-            s = digits[r] + s
-            if n == 0:
-                return s
 
     for i in range(GEMMA3N_VOCAB):
         if i not in taken:
-            piece = "Ġ#" + b36(i)
+            piece = "Ġ#" + filler_name(i)
             if piece in vocab:
                 raise RuntimeError(f"filler {piece} collides with a trained piece")
             vocab[piece] = i
