@@ -14,6 +14,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import struct
@@ -174,6 +175,33 @@ def main() -> None:
     config["chat_template"] = json.loads(read("gemma3_hub/chat_template.json"))["chat_template"]
     chat["tokenizer_config_only"] = joined(b"", json.dumps(config).encode())
     seeds["chat_template"] = chat
+
+    png = "data:image/png;base64," + base64.b64encode(read("qwen2_vl/inputs/wide.png")).decode()
+    wav = base64.b64encode(read("gemma3n/inputs/short_chirp.wav")).decode()
+    body = lambda **fields: json.dumps({"model": "m", **fields}).encode()  # noqa: E731
+    user = [{"role": "user", "content": "Hi"}]
+    seeds["chat_request"] = {
+        "text": body(messages=user),
+        "image": body(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": png, "detail": "low"}}, {"type": "text", "text": "What?"}]}],
+            max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}),
+        "audio": body(messages=[{"role": "developer", "content": "Transcribe."}, {"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]}]),
+        "remote": body(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}}]}]),
+        "sampling": body(messages=user, top_p=0.9, top_k=40, min_p=0.05, repetition_penalty=1.1,
+                         frequency_penalty=0.5, presence_penalty=-0.5, seed=7, stop=["\n", "END"],
+                         stop_token_ids=[2], logprobs=True, top_logprobs=5, logit_bias={"100": -100, "7": 2.5},
+                         max_completion_tokens=32, n=1, store=False, ignore_eos=True),
+        "tools": body(messages=[*user, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"}],
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            tool_choice="auto"),
+        "json_schema": body(messages=user, response_format={"type": "json_schema", "json_schema": {
+            "name": "pet", "strict": True, "schema": {"type": "object", "properties": {"name": {"type": "string"}}}}}),
+        "completion": body(prompt="Once upon a time", max_tokens=8, echo=False, best_of=1),
+    }
 
     for target, files in seeds.items():
         out = SEEDS / target

@@ -29,6 +29,62 @@ mod error;
 #[allow(dead_code, unreachable_pub, clippy::all)]
 mod tensor;
 
+/// `host/src/serve/api.rs` and `host/src/serve/request.rs`: the chat request's wire format and
+/// the checks that need no server state (`request.rs` names `super::api` and `super::text`,
+/// which sit at this crate's root as in the host's `serve` module).
+#[path = "../../host/src/serve/api.rs"]
+#[allow(dead_code, unreachable_pub, clippy::all)]
+mod api;
+#[path = "../../host/src/serve/request.rs"]
+#[allow(dead_code, unreachable_pub, clippy::all)]
+mod request;
+
+/// The vocabulary the chat-request target checks `logit_bias` keys against (Qwen2-VL's).
+const VOCAB: usize = 151_936;
+
+/// A chat-completions request body as the server reads it: the wire format (unknown fields
+/// refused), then the generation fields and the messages (data URLs decoded). What the checks
+/// accept must hold what they promise: at most the stop strings and top logprobs allowed, biased
+/// tokens inside the vocabulary, and one media source per image and audio part, in order.
+pub fn chat_request(data: &[u8]) {
+    if let Ok(completion) = serde_json::from_slice::<api::CompletionRequest>(data) {
+        let _ = completion.into_parts();
+    }
+    let Ok(chat) = serde_json::from_slice::<api::ChatRequest>(data) else { return };
+    if let Ok(fields) = request::fields(&chat, VOCAB) {
+        assert!(fields.stop_strings.len() <= request::MAX_STOP_STRINGS);
+        assert!(fields.top_logprobs.is_none_or(|n| n <= request::MAX_TOP_LOGPROBS as usize));
+        assert!(fields.logit_bias.iter().all(|&(token, _)| (token as usize) < VOCAB));
+        assert_eq!(fields.top_logprobs.is_some(), chat.logprobs);
+    }
+    let parts: Vec<&'static str> = chat
+        .messages
+        .iter()
+        .filter_map(|m| match &m.content {
+            Some(api::MessageContent::Parts(parts)) => Some(parts),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|p| match p {
+            api::ContentPart::Text { .. } => None,
+            api::ContentPart::ImageUrl { .. } => Some("image"),
+            api::ContentPart::InputAudio { .. } => Some("audio"),
+        })
+        .collect();
+    for remote in [false, true] {
+        let Ok(wire) = serde_json::from_slice::<api::ChatRequest>(data) else { return };
+        if let Ok((messages, media)) = request::messages(wire.messages, remote) {
+            assert_eq!(messages.len(), chat.messages.len());
+            let kinds: Vec<&str> = media
+                .iter()
+                .map(|m| if m.modality == mlxcel_plugin_api::Modality::Audio { "audio" } else { "image" })
+                .collect();
+            assert_eq!(kinds, parts, "one media source per part, in order");
+            assert!(remote || media.iter().all(|m| matches!(m.source, request::ImageSource::Inline(_))));
+        }
+    }
+}
+
 /// The parts of `data` between NUL bytes, at most `n` (the last keeps any further NULs). JSON,
 /// TOML and Jinja text never hold a raw NUL, so a seed is its files joined by one.
 pub fn parts(data: &[u8], n: usize) -> Vec<&[u8]> {

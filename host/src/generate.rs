@@ -229,7 +229,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
         }
         template.render(&messages, true)?
     };
-    let ids = match &media {
+    let ids = match &mut media {
         None => crate::multimodal::started(tokenizer.encode(&prompt, false)?, start),
         Some(media) => media.expand(&prompt, &tokenizer)?,
     };

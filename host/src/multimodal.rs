@@ -66,18 +66,8 @@ pub(crate) struct MediaModel<'a> {
 /// bytes): the encoder cache's key and the prefix cache's name for the item's rows.
 pub(crate) type Digest = [u8; 16];
 
-/// How finely an image is seen: OpenAI's `image_url.detail`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Detail {
-    /// `auto`, `high` or none: the family's own resolution, bounded by the manifest's
-    /// `limits.max_pixels_per_image`.
-    #[default]
-    Full,
-    /// `low`: at most the manifest's `limits.low_detail_max_pixels`, through the family's own
-    /// resize rule; where the manifest declares no such budget (a family of one input size),
-    /// the family's only resolution.
-    Low,
-}
+/// How finely an image is seen: OpenAI's `image_url.detail`, defined with the wire format.
+pub(crate) use crate::serve::api::Detail;
 
 /// The options items of one [`Detail`] are preprocessed with, and the encoder identity they
 /// give.
@@ -239,7 +229,9 @@ impl<'a> MediaModel<'a> {
             }
             let item = self.item(input, max_input_pixels).with_context(|| format!("{kind} {number}"));
             let item = item.map_err(|e| MediaError::classify(e, Fault::Input))?;
-            items.push((Item::Preprocessed(item), digest, input.modality));
+            let bucket = self.bucket_for(input.modality, &item).with_context(|| format!("{kind} {number}"));
+            let bucket = bucket.map_err(|e| MediaError::classify(e, Fault::Server))?;
+            items.push((Item::Preprocessed(item, bucket), digest, input.modality));
         }
         Ok(self.assemble(items, self.cache.as_ref()))
     }
@@ -266,6 +258,11 @@ impl<'a> MediaModel<'a> {
         preprocess_with(self.plugin, &self.config, input.modality, &input.bytes, &options, max_input_pixels)
     }
 
+    /// The smallest of the plugin's encoder buckets for `modality` that holds `item`.
+    fn bucket_for(&self, modality: Modality, item: &Preprocessed) -> Result<ShapeBucket> {
+        smallest_bucket(self.plugin.encoder_buckets(&self.config, modality)?, item)
+    }
+
     fn assemble(&self, items: Vec<(Item, Digest, Modality)>, cache: Option<&'a EncoderCache>) -> MediaRequest<'a> {
         let metas =
             items.iter().map(|(p, _, modality)| ItemMeta { modality: *modality, grid: p.grid().clone() }).collect();
@@ -278,6 +275,7 @@ impl<'a> MediaModel<'a> {
             metas,
             prompt_start: self.prompt_start,
             cache,
+            program: None,
         }
     }
 }
@@ -394,14 +392,15 @@ pub(crate) const MAX_INPUT_PIXELS: u64 = 89_478_485;
 
 /// One item of a request: preprocessed, or already encoded (an encoder-cache hit).
 enum Item {
-    Preprocessed(Preprocessed),
+    /// Preprocessed, with the encoder bucket chosen for it while the request was prepared.
+    Preprocessed(Preprocessed, ShapeBucket),
     Encoded(Arc<Encoded>),
 }
 
 impl Item {
     fn grid(&self) -> &MediaGrid {
         match self {
-            Item::Preprocessed(p) => &p.grid,
+            Item::Preprocessed(p, _) => &p.grid,
             Item::Encoded(e) => &e.grid,
         }
     }
@@ -417,12 +416,26 @@ pub(crate) struct MediaRequest<'a> {
     cache: Option<&'a EncoderCache>,
     metas: Vec<ItemMeta>,
     prompt_start: Option<u32>,
+    /// The expanded prompt's token ids and the plugin's prefill program for them, asked for
+    /// by [`MediaRequest::expand`] so that every plugin call a request makes happens while it
+    /// is prepared (under the preparation deadline), none on the engine thread.
+    program: Option<(Vec<u32>, PrefillProgram)>,
 }
 
 impl<'a> MediaRequest<'a> {
     /// The text decoder spec the checkpoint's plugin brings, if any.
     pub(crate) fn decoder_spec(&self) -> Result<Option<DecoderSpec>> {
         decoder_spec(self.plugin, &self.config)
+    }
+
+    /// Host bytes the request holds: each item's preprocessed tensors until it is encoded, then
+    /// its features (shared with the encoder cache when it keeps them, but held all the same).
+    pub(crate) fn host_bytes(&self) -> u64 {
+        let item = |item: &Item| match item {
+            Item::Preprocessed(p, _) => p.tensors.iter().map(|t| t.data.len()).sum::<usize>(),
+            Item::Encoded(e) => e.outputs.iter().map(|(_, v)| std::mem::size_of_val(v.as_slice())).sum(),
+        };
+        self.items.iter().map(item).sum::<usize>() as u64
     }
 
     /// `generate --image/--audio`: opens the checkpoint's plugin, checks the request under
@@ -446,20 +459,27 @@ impl<'a> MediaRequest<'a> {
             let item = media
                 .item(&input, MAX_INPUT_PIXELS)
                 .with_context(|| format!("cannot use {} as {kind}", path.display()))?;
-            items.push((Item::Preprocessed(item), media.digest_of(&input), modality));
+            let bucket = media.bucket_for(modality, &item)?;
+            items.push((Item::Preprocessed(item, bucket), media.digest_of(&input), modality));
         }
         Ok(media.assemble(items, None))
     }
 
     /// Expands the rendered prompt's placeholders with the plugin's layout and tokenizes the
-    /// result, checking that each item got as many feature tokens as its grid has rows. The
-    /// items were accepted, so a failure is ours unless the plugin blames the input.
+    /// result, checking that each item got as many feature tokens as its grid has rows, and asks
+    /// the plugin for its prefill program over those tokens. The items were accepted, so a
+    /// failure is ours unless the plugin blames the input.
     pub(crate) fn expand(
-        &self,
+        &mut self,
         prompt: &str,
         tokenizer: &mlxcel_host::text::Tokenizer,
     ) -> Result<Vec<u32>, MediaError> {
-        self.expand_inner(prompt, tokenizer).map_err(|e| MediaError::classify(e, Fault::Server))
+        let classify = |e| MediaError::classify(e, Fault::Server);
+        let ids = self.expand_inner(prompt, tokenizer).map_err(classify)?;
+        let request = ContractRequest { token_ids: ids.as_slice().into(), items: self.metas.iter().cloned().collect() };
+        let program = self.plugin.prefill_program(&self.config, &request).map_err(|e| classify(e.into()))?;
+        self.program = Some((ids.clone(), program));
+        Ok(ids)
     }
 
     fn expand_inner(&self, prompt: &str, tokenizer: &mlxcel_host::text::Tokenizer) -> Result<Vec<u32>> {
@@ -498,15 +518,15 @@ impl<'a> MediaRequest<'a> {
     /// ([`Encoders::start`]): its index and the running encoder, or `None` when every item is
     /// encoded. [`MediaRequest::finish_item`] takes the result.
     pub(crate) fn start_next(&self, encoders: &mut Encoders) -> Result<Option<(usize, Encoding)>, MediaError> {
-        let Some(index) = self.items.iter().position(|item| matches!(item, Item::Preprocessed(_))) else {
+        let Some(index) = self.items.iter().position(|item| matches!(item, Item::Preprocessed(..))) else {
             return Ok(None);
         };
-        let Item::Preprocessed(item) = &self.items[index] else {
+        let Item::Preprocessed(item, bucket) = &self.items[index] else {
             return Ok(None);
         };
         let modality = self.metas.get(index).map_or(Modality::Image, |m| m.modality);
         let encoding = encoders
-            .start(self.plugin, &self.config, modality, item)
+            .start(self.plugin, &self.config, modality, bucket, item)
             .with_context(|| format!("encoding item {}", index + 1))
             .map_err(|e| MediaError::classify(e, Fault::Server))?;
         Ok(Some((index, encoding)))
@@ -515,7 +535,7 @@ impl<'a> MediaRequest<'a> {
     /// Takes item `index`'s features from its finished (or still running: this waits) encoder
     /// and keeps them in the encoder cache when there is one.
     pub(crate) fn finish_item(&mut self, index: usize, encoding: Encoding) -> Result<(), MediaError> {
-        let Some(Item::Preprocessed(item)) = self.items.get(index) else {
+        let Some(Item::Preprocessed(item, _)) = self.items.get(index) else {
             let e = anyhow::anyhow!("invariant: item {index} is not waiting for its encoder");
             return Err(MediaError::server(e));
         };
@@ -550,13 +570,16 @@ impl<'a> MediaRequest<'a> {
         decoder: &mut Decoder,
         ids: &[u32],
     ) -> Result<(HostTensor, Positions, Extras, Vec<RowContent>)> {
-        let request = ContractRequest { token_ids: ids.into(), items: self.metas.iter().cloned().collect() };
-        let contract = self.plugin.prefill_program(&self.config, &request)?;
-        let contents = row_contents(ids, &contract, &self.digests)?;
+        let contract = match &self.program {
+            Some((expanded, program)) if expanded == ids => program,
+            Some(_) => bail!("invariant: the prompt to prefill is not the one expanded"),
+            None => bail!("invariant: the request's media was merged before its prompt was expanded"),
+        };
+        let contents = row_contents(ids, contract, &self.digests)?;
         let (embeddings, positions, extras) =
-            contract_input(decoder, ids, &contract, self.plugin.name(), |index| match self.items.get(index) {
+            contract_input(decoder, ids, contract, self.plugin.name(), |index| match self.items.get(index) {
                 Some(Item::Encoded(encoded)) => Ok(encoded.outputs.clone()),
-                Some(Item::Preprocessed(_)) => bail!("invariant: item {index} was merged before it was encoded"),
+                Some(Item::Preprocessed(..)) => bail!("invariant: item {index} was merged before it was encoded"),
                 None => bail!("the contract places item {index}, which the request does not have"),
             })?;
         Ok((embeddings, positions, extras, contents))
@@ -882,30 +905,23 @@ impl<'a> Encoders<'a> {
         modality: Modality,
         item: &Preprocessed,
     ) -> Result<Vec<(String, Vec<f32>)>> {
-        self.start(plugin, config, modality, item)?.finish()
+        let bucket = smallest_bucket(plugin.encoder_buckets(config, modality)?, item)?;
+        self.start(plugin, config, modality, &bucket, item)?.finish()
     }
 
-    /// Starts one item through the smallest bucket that holds it and returns without waiting:
-    /// the encoder graphs are compiled with IREE's asynchronous ABI, so this device's own
-    /// workers run the encoder while the caller (the engine thread) goes on decoding. The
-    /// bucket is compiled and loaded first if this is its first use, which does wait.
+    /// Starts one item through `bucket` (which holds it: [`smallest_bucket`]) and returns
+    /// without waiting: the encoder graphs are compiled with IREE's asynchronous ABI, so this
+    /// device's own workers run the encoder while the caller (the engine thread) goes on
+    /// decoding. The bucket is compiled and loaded first if this is its first use, which does
+    /// wait.
     pub(crate) fn start(
         &mut self,
         plugin: &LoadedPlugin,
         config: &ModelConfig,
         modality: Modality,
+        bucket: &ShapeBucket,
         item: &Preprocessed,
     ) -> Result<Encoding> {
-        let buckets = plugin.encoder_buckets(config, modality)?;
-        let bucket = buckets
-            .iter()
-            .filter(|b| fits(b.inputs.as_slice(), item))
-            .min_by_key(|b| b.inputs.iter().map(|s| s.element_count().unwrap_or(u64::MAX)).sum::<u64>())
-            .with_context(|| {
-                let shapes: Vec<String> =
-                    item.tensors.iter().map(|t| format!("{} {:?}", t.spec.name, t.spec.shape.as_slice())).collect();
-                format!("no encoder bucket holds {}", shapes.join(", "))
-            })?;
         let (graph, session) = self.session(plugin, config, modality, bucket)?;
 
         let mut inputs = Vec::new();
@@ -1034,10 +1050,33 @@ impl Encoding {
             if shape.first().copied().unwrap_or(0) < rows {
                 bail!("the encoder output `{name}` has shape {shape:?}, fewer than the item's {rows} feature rows");
             }
-            named.push((name, values[..rows * width].to_vec()));
+            let values = &values[..rows * width];
+            // A NaN here would reach every logit its rows touch; the request fails here instead,
+            // naming the output, rather than at the sampler.
+            if let Some(at) = values.iter().position(|v| v.is_nan()) {
+                bail!(
+                    "the encoder output `{name}` holds NaN at row {}, column {} of the item's {rows} rows",
+                    at / width.max(1),
+                    at % width.max(1)
+                );
+            }
+            named.push((name, values.to_vec()));
         }
         Ok(named)
     }
+}
+
+/// The smallest of `buckets` (by input elements) that holds `item`.
+fn smallest_bucket(buckets: Vec<ShapeBucket>, item: &Preprocessed) -> Result<ShapeBucket> {
+    buckets
+        .into_iter()
+        .filter(|b| fits(b.inputs.as_slice(), item))
+        .min_by_key(|b| b.inputs.iter().map(|s| s.element_count().unwrap_or(u64::MAX)).sum::<u64>())
+        .with_context(|| {
+            let shapes: Vec<String> =
+                item.tensors.iter().map(|t| format!("{} {:?}", t.spec.name, t.spec.shape.as_slice())).collect();
+            format!("no encoder bucket holds {}", shapes.join(", "))
+        })
 }
 
 /// Whether `item` has a tensor for each bucket input, of its dtype and rank and no larger.

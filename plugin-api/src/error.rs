@@ -146,6 +146,19 @@ pub enum Error {
         error: PluginError,
     },
 
+    /// A plugin entry answered with something the host cannot use: a tensor whose bytes do not
+    /// fill its shape, a value that is not finite, a grid with no rows. The plugin's fault, never
+    /// the input's.
+    #[error("plugin `{plugin}` answered {entry} with a malformed result: {problem}")]
+    Malformed {
+        /// The plugin name.
+        plugin: String,
+        /// The entry point.
+        entry: &'static str,
+        /// What is wrong, lowercase.
+        problem: String,
+    },
+
     /// No loaded plugin accepts a checkpoint.
     #[error("no loaded plugin accepts architecture `{architecture}` (model_type `{model_type}`)")]
     NoPlugin {

@@ -28,9 +28,9 @@ use crate::abi::{OpenedLibrary, RawLoadError, Table, open_library};
 use crate::error::{Error, Result};
 use crate::manifest::{Manifest, Status};
 use crate::types::{
-    Capability, CheckpointIndex, CheckpointReport, ContractRequest, EncoderGraph, EncoderGraphRequest, LayoutRequest,
-    MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
-    PromptLayout, ShapeBucket,
+    Capability, CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderGraph, EncoderGraphRequest,
+    LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
+    Preprocessed, PromptLayout, ShapeBucket,
 };
 use crate::version::{API_VERSION, ApiVersion, SUPPORTED_VERSIONS};
 
@@ -334,6 +334,37 @@ fn call<T>(plugin: &str, entry: &'static str, result: RResult<T, PluginError>) -
     result.into_result().map_err(|error| Error::Plugin { plugin: plugin.to_owned(), entry, error })
 }
 
+/// What is wrong with a plugin's preprocessed item, if anything: the host pads, hashes and
+/// uploads these bytes, so each tensor must fill its shape exactly, and an input that is not a
+/// finite number would reach the encoder as one (a NaN spreads to every logit it touches).
+fn check_preprocessed(item: &Preprocessed) -> std::result::Result<(), String> {
+    if item.tensors.is_empty() {
+        return Err("no tensors".to_owned());
+    }
+    for tensor in item.tensors.iter() {
+        tensor.validate().map_err(|e| e.message.to_string())?;
+        let data = tensor.data.as_slice();
+        let first_bad = match tensor.spec.dtype {
+            DType::F32 => data.chunks_exact(4).position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+            // An all-ones exponent is infinity or NaN in both 16-bit forms.
+            DType::BF16 => data.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+            DType::F16 => data.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+            DType::I32 | DType::I64 | DType::U8 | DType::Bool => None,
+        };
+        if let Some(index) = first_bad {
+            return Err(format!(
+                "tensor `{}` {:?} holds a value that is not finite at flat index {index}",
+                tensor.spec.name,
+                tensor.spec.shape.as_slice()
+            ));
+        }
+    }
+    if item.grid.feature_tokens == 0 {
+        return Err("the item's grid has no feature rows".to_owned());
+    }
+    Ok(())
+}
+
 impl PluginSet {
     /// The plugins that loaded, in manifest file order.
     pub fn plugins(&self) -> &[LoadedPlugin] {
@@ -486,7 +517,13 @@ impl LoadedPlugin {
         item: &MediaItem,
         options: &PreprocessOptions,
     ) -> Result<Preprocessed> {
-        call(self.name(), "preprocess", (self.module.preprocess())(config, item, options))
+        let preprocessed = call(self.name(), "preprocess", (self.module.preprocess())(config, item, options))?;
+        check_preprocessed(&preprocessed).map_err(|problem| Error::Malformed {
+            plugin: self.name().to_owned(),
+            entry: "preprocess",
+            problem,
+        })?;
+        Ok(preprocessed)
     }
 
     /// The encoder's shape buckets for a modality.
@@ -546,5 +583,48 @@ pub fn check_capability(manifest: &Manifest, capability: Capability, policy: Qua
         Some(Status::Experimental) if policy.allow_unqualified => Ok(Status::Experimental),
         Some(status @ Status::Experimental) => Err(Error::Unqualified { plugin, capability, status }),
         Some(Status::Unsupported) | None => Err(Error::Unsupported { plugin, capability }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_preprocessed;
+    use crate::types::{DType, MediaGrid, Preprocessed, Tensor, TensorSpec};
+
+    fn item(tensors: Vec<Tensor>, feature_tokens: u32) -> Preprocessed {
+        Preprocessed { tensors: tensors.into(), grid: MediaGrid { dims: vec![1, 2].into(), feature_tokens } }
+    }
+
+    fn half(name: &str, dtype: DType, bits: &[u16]) -> Tensor {
+        let data: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        Tensor { spec: TensorSpec::new(name, dtype, &[bits.len() as u64]), data: data.into() }
+    }
+
+    #[test]
+    fn a_preprocessed_item_is_refused_for_values_that_are_not_finite_a_short_tensor_or_no_rows() {
+        let good = Tensor::from_f32("x", &[2], &[1.0, -2.5]).expect("tensor");
+        assert_eq!(check_preprocessed(&item(vec![good.clone()], 2)), Ok(()));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let t = Tensor::from_f32("x", &[2], &[1.0, bad]).expect("tensor");
+            let problem = check_preprocessed(&item(vec![t], 2)).expect_err("refused");
+            assert!(problem.contains("tensor `x` [2] holds a value that is not finite at flat index 1"), "{problem}");
+        }
+        // bf16 and f16: 1.0, then infinity and a NaN in each form.
+        assert_eq!(check_preprocessed(&item(vec![half("b", DType::BF16, &[0x3f80, 0xc000])], 1)), Ok(()));
+        assert_eq!(check_preprocessed(&item(vec![half("h", DType::F16, &[0x3c00, 0xc000])], 1)), Ok(()));
+        for (dtype, bits) in [
+            (DType::BF16, [0x3f80, 0x7f80]),
+            (DType::BF16, [0x3f80, 0xffc1]),
+            (DType::F16, [0x3c00, 0x7c00]),
+            (DType::F16, [0x3c00, 0xfe00]),
+        ] {
+            let problem = check_preprocessed(&item(vec![half("w", dtype, &bits)], 1)).expect_err("refused");
+            assert!(problem.contains("not finite at flat index 1"), "{problem}");
+        }
+        let mut short = good.clone();
+        short.data = short.data.as_slice()[..7].to_vec().into();
+        assert!(check_preprocessed(&item(vec![short], 2)).expect_err("refused").contains("has 7 bytes"));
+        assert_eq!(check_preprocessed(&item(vec![], 2)), Err("no tensors".to_owned()));
+        assert!(check_preprocessed(&item(vec![good], 0)).expect_err("refused").contains("no feature rows"));
     }
 }

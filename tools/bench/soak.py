@@ -7,6 +7,7 @@ any python3 (standard library only):
 
     python3 tools/bench/soak.py                       # 2000 requests on the tiny Qwen2-VL fixture, 8 at a time
     python3 tools/bench/soak.py --requests 20000 --concurrency 16 --model DIR --plugins DIR
+    python3 tools/bench/soak.py --requests 5000 --rounds 8    # resident memory after each round: leak or not
 
 Each request is drawn (seeded) from: text or image (the fixture's PNG, JPEG, WebP and EXIF-rotated JPEG inputs),
 whole or streamed, greedy or sampled, max_tokens 1 to 48, some with a JSON schema to follow or a logit bias, some
@@ -18,7 +19,8 @@ First a warm-up of --warmup requests; once the server is idle (no request open, 
 /metrics is read: the start. Then the soak; once idle again, /metrics again: the end. Reported: requests by outcome
 (answered, cancelled by the client, refused as expected, and every other error by HTTP status and code), latency
 p50/p99 of the answered ones, requests per second, and at start and end: running requests, held slots, queue depth,
-KV rows in use, open requests, encoder-cache bytes and the process's resident memory.
+KV rows in use, open requests, media bytes held, overdue preparations, encoder-cache bytes and the process's
+resident memory (after each round too, with --rounds).
 
 Exit status: non-zero when any request failed unexpectedly (a 5xx, a connection error, a 400 for a good request,
 an answer for a bad one) or the server did not come back to idle with no slot, row or request held. The resident
@@ -77,7 +79,8 @@ def metrics(host, port):
     return out
 
 
-IDLE = ["mlxcel_requests_open", "mlxcel_active_slots", "mlxcel_queue_depth", "mlxcel_kv_cache_usage"]
+IDLE = ["mlxcel_requests_open", "mlxcel_active_slots", "mlxcel_queue_depth", "mlxcel_kv_cache_usage",
+        "mlxcel_media_bytes_held", "mlxcel_preparations_overdue"]
 
 
 def wait_idle(host, port, timeout=60.0):
@@ -198,6 +201,9 @@ def main():
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="soak this many times against the one server, reading the idle state after each: memory "
+                             "that leaks grows every round, memory an allocator keeps stops growing")
     args = parser.parse_args()
 
     inputs = sorted(p for p in (args.model / "inputs").glob("*") if p.suffix in IMAGES)
@@ -210,11 +216,16 @@ def main():
     try:
         run(host, port, [draw(rng, images, model) for _ in range(args.warmup)], args.concurrency)
         start = wait_idle(host, port)
-        soak = [draw(rng, images, model) for _ in range(args.requests)]
-        began = time.perf_counter()
-        outcomes, latencies = run(host, port, soak, args.concurrency)
-        seconds = time.perf_counter() - began
-        end = wait_idle(host, port)
+        outcomes, latencies, seconds, rounds = collections.Counter(), [], 0.0, []
+        for _ in range(args.rounds):
+            soak = [draw(rng, images, model) for _ in range(args.requests)]
+            began = time.perf_counter()
+            round_outcomes, round_latencies = run(host, port, soak, args.concurrency)
+            seconds += time.perf_counter() - began
+            outcomes.update(round_outcomes)
+            latencies += round_latencies
+            end = wait_idle(host, port)
+            rounds.append(end.get("mlxcel_process_resident_bytes"))
         alive = server.poll() is None
     finally:
         server.terminate()
@@ -227,8 +238,9 @@ def main():
     latencies.sort()
     pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None
     report = {
-        "requests": args.requests, "concurrency": args.concurrency, "seconds": seconds,
-        "requests_per_second": args.requests / seconds, "outcomes": dict(outcomes), "unexpected": unexpected,
+        "requests": args.requests * args.rounds, "rounds": args.rounds, "concurrency": args.concurrency,
+        "seconds": seconds, "requests_per_second": args.requests * args.rounds / seconds,
+        "resident_bytes_after_each_round": rounds, "outcomes": dict(outcomes), "unexpected": unexpected,
         "latency_seconds": {"p50": pct(0.5), "p99": pct(0.99), "mean": statistics.fmean(latencies) if latencies else None},
         "server": state, "server_alive_at_end": alive,
         "resident_growth_bytes": (end.get("mlxcel_process_resident_bytes", 0) - start.get("mlxcel_process_resident_bytes", 0)),
@@ -240,7 +252,8 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: report[k] for k in ["requests", "seconds", "requests_per_second", "outcomes", "unexpected",
-                                             "latency_seconds", "server", "resident_growth_bytes"]}, indent=1))
+                                             "latency_seconds", "server", "resident_growth_bytes",
+                                             "resident_bytes_after_each_round"]}, indent=1))
     print(f"results: {out}", file=sys.stderr)
     leaked = [k for k in IDLE if end.get(k, 0) != 0]
     if unexpected or leaked or not alive:

@@ -1,7 +1,7 @@
 //! The OpenAI chat-completions wire format: what a request may say (anything else is refused,
 //! never ignored), the response and stream-chunk bodies, and OpenAI-style errors.
 
-use axum::http::StatusCode;
+use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/chat/completions`. Unknown fields are refused: a field the server does not act on
@@ -279,12 +279,25 @@ pub(crate) enum ContentPart {
     InputAudio { input_audio: InputAudio },
 }
 
+/// How finely an image is seen: OpenAI's `image_url.detail`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Detail {
+    /// `auto`, `high` or none: the family's own resolution, bounded by the manifest's
+    /// `limits.max_pixels_per_image`.
+    #[default]
+    Full,
+    /// `low`: at most the manifest's `limits.low_detail_max_pixels`, through the family's own
+    /// resize rule; where the manifest declares no such budget (a family of one input size),
+    /// the family's only resolution.
+    Low,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ImageUrl {
     pub(crate) url: String,
     /// OpenAI's resolution hint: `auto` and `high` are the family's own resolution, `low` its
-    /// low-detail pixel budget (`multimodal::Detail`); any other value is refused.
+    /// low-detail pixel budget ([`Detail`]); any other value is refused.
     pub(crate) detail: Option<String>,
 }
 
@@ -491,25 +504,5 @@ impl ApiError {
                 "code": self.code,
             }
         })
-    }
-}
-
-impl axum::response::IntoResponse for ApiError {
-    fn into_response(self) -> axum::response::Response {
-        let mut response = (self.status, axum::Json(self.body())).into_response();
-        if let Some(seconds) = self.retry_after
-            && let Ok(value) = axum::http::HeaderValue::from_str(&seconds.to_string())
-        {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
-        }
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of the body is never read, so this connection cannot carry another
-            // request: without the header a client's pool reused it and its next request met a
-            // closed socket ("server disconnected without sending a response").
-            response
-                .headers_mut()
-                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-        }
-        response
     }
 }

@@ -27,6 +27,7 @@ use mlxcel_host::engine::{
 use mlxcel_host::sampling::{Sampler, TokenLogprobs};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::media_bytes::Held;
 use super::metrics::{EngineGauges, Metrics};
 use crate::multimodal::{Encoders, Encoding, MediaError, MediaRequest};
 
@@ -35,7 +36,9 @@ use crate::multimodal::{Encoders, Encoding, MediaError, MediaRequest};
 pub(crate) struct Job {
     /// The expanded prompt ids (one per cache row).
     pub(crate) prompt: Vec<u32>,
-    pub(crate) media: Option<MediaRequest<'static>>,
+    /// The request's media and the host bytes it holds (given back when the media is merged
+    /// into the prompt's rows, or the request ends before).
+    pub(crate) media: Option<(MediaRequest<'static>, Held)>,
     pub(crate) max_tokens: Option<usize>,
     pub(crate) stop_tokens: Vec<u32>,
     pub(crate) sampler: Sampler,
@@ -159,6 +162,7 @@ struct Engine {
 struct Waiting {
     job: Job,
     media: MediaRequest<'static>,
+    held: Held,
     /// The item whose encoder call is running, and the call.
     running: Option<(usize, Encoding)>,
 }
@@ -253,7 +257,7 @@ impl Engine {
     }
 
     fn submit(&mut self, mut job: Job) {
-        let Some(media) = job.media.take() else {
+        let Some((media, held)) = job.media.take() else {
             let input = PendingInput::Tokens(job.prompt.clone());
             self.accept(job, input);
             return;
@@ -270,7 +274,7 @@ impl Engine {
             let _ = job.events.send(Event::Refused(Refusal::Media(e)));
             return;
         }
-        self.encoding.push_back(Waiting { job, media, running: None });
+        self.encoding.push_back(Waiting { job, media, held, running: None });
     }
 
     /// Hands a prepared request to the scheduler and tells its HTTP side.
@@ -335,7 +339,10 @@ impl Engine {
                         return Ok(false);
                     }
                     // `finish_item` reads the results, or reports the call's failure.
-                    Ok(true) | Err(_) => waiting.media.finish_item(index, encoding)?,
+                    Ok(true) | Err(_) => {
+                        waiting.media.finish_item(index, encoding)?;
+                        waiting.held.resize(waiting.media.host_bytes());
+                    }
                 }
             }
             if waiting.job.events.is_closed() {

@@ -23,11 +23,10 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::Engine as _;
 use mlxcel_host::engine::{FinishReason, SubmitError};
 use mlxcel_host::grammar::{Constraint, Grammar, Vocabulary};
 use mlxcel_host::sampling::{Sampler, SamplingParams, TokenLogprobs};
-use mlxcel_host::text::{ChatTemplate, Content, Detokenizer, Message, Part, StopStrings, Tokenizer};
+use mlxcel_host::text::{ChatTemplate, Detokenizer, Message, StopStrings, Tokenizer};
 use mlxcel_plugin_api::{Capability, Error as PluginApiError, Modality, QualificationPolicy, Status};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{Semaphore, mpsc};
@@ -35,21 +34,39 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::api::{
     ApiError, AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Choice, ChunkChoice, Completion,
-    CompletionChoice, CompletionLogprobs, CompletionRequest, ContentPart, Delta, FunctionDelta, LogprobsBody,
-    MessageContent, PromptField, ResponseFormat, TokenLogprobBody, ToolCallBody, ToolCallDelta, TopLogprobBody,
-    UsageBody,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, Delta, FunctionDelta, LogprobsBody, PromptField,
+    TokenLogprobBody, ToolCallBody, ToolCallDelta, TopLogprobBody, UsageBody,
 };
 use super::engine::{EngineHandle, Event, Job, Refusal};
 use super::fetch::RemoteImages;
+use super::media_bytes::{Held, MediaBytes};
 use super::metrics::{Metrics, Open};
+use super::request::{self, ImagePart, ImageSource};
 use super::tools::{CallScanner, ToolChoice, Tools};
 use super::weights::WeightFiles;
-use crate::multimodal::{Detail, Fault, MediaError, MediaInput, MediaModel, MediaRefusal, MediaRequest};
+use crate::multimodal::{Fault, MediaError, MediaInput, MediaModel, MediaRefusal, MediaRequest};
 
-/// Stop strings a request may give.
-const MAX_STOP_STRINGS: usize = 16;
-/// `top_logprobs` at most, as OpenAI allows.
-const MAX_TOP_LOGPROBS: u32 = 20;
+/// An OpenAI error body with its status, `Retry-After` where there is one, and a closed
+/// connection after a body that was not read.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after
+            && let Ok(value) = axum::http::HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
+        }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so this connection cannot carry another
+            // request: without the header a client's pool reused it and its next request met a
+            // closed socket ("server disconnected without sending a response").
+            response
+                .headers_mut()
+                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
+        response
+    }
+}
 
 /// The checkpoint's text side.
 #[derive(Debug)]
@@ -95,6 +112,12 @@ pub(crate) struct AppState {
     pub(crate) remote: Option<RemoteImages>,
     /// Bounds the requests being prepared at once (the preprocessing pool's width).
     pub(crate) preparing: Arc<Semaphore>,
+    /// The media bytes requests in flight hold, and the budget that admits them.
+    pub(crate) media_bytes: Arc<MediaBytes>,
+    /// How many requests may be prepared at once: `preparing`'s permits in all.
+    pub(crate) prepare_workers: usize,
+    /// How long one request's preparation may take before it is given up.
+    pub(crate) prepare_deadline: Duration,
     pub(crate) draining: Arc<AtomicBool>,
     pub(crate) started: u64,
     pub(crate) access: Access,
@@ -183,12 +206,22 @@ async fn live() -> Json<serde_json::Value> {
 }
 
 /// Readiness (`/ready`, and `/health` as before): the server listens only once its decoder and
-/// plugins are loaded, so it is ready until it starts draining or its weight files change.
+/// plugins are loaded, so it is ready until it starts draining, its weight files change, or as
+/// many preparations as it has workers are stuck past their deadline ([`preparing`]).
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "draining"}))).into_response()
     } else if let Some(what) = state.weights.check() {
         let body = serde_json::json!({"status": "checkpoint_changed", "detail": what});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    } else if let overdue = state.metrics.preparations_overdue.load(Ordering::Relaxed)
+        && overdue >= state.prepare_workers as u64
+    {
+        let detail = format!(
+            "{overdue} request preparations passed their deadline and are still running (a plugin stuck in a call); \
+             restart the server to take their threads back"
+        );
+        let body = serde_json::json!({"status": "preparations_overdue", "detail": detail});
         (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
     } else {
         Json(serde_json::json!({"status": "ok"})).into_response()
@@ -337,7 +370,8 @@ async fn start_chat(
         options.calls = tools.scanner();
     }
     let definitions = tools.map(|t| t.definitions);
-    let (messages, sources) = messages(request.messages, state)?;
+    let (messages, sources) = request::messages(request.messages, state.remote.is_some())?;
+    admit_media(state, &sources)?;
     let mut images = Vec::with_capacity(sources.len());
     for ImagePart { source, detail, modality } in sources {
         let bytes = match source {
@@ -352,21 +386,35 @@ async fn start_chat(
         };
         images.push(MediaInput { bytes, modality, detail });
     }
+    // Admitted by the media's encoded bytes, before anything is decoded or preprocessed.
+    let held = if images.is_empty() {
+        None
+    } else {
+        let bytes = images.iter().map(|i| i.bytes.len() as u64).sum();
+        Some(state.media_bytes.reserve(bytes).ok_or_else(|| media_budget_full(&state.media_bytes, bytes))?)
+    };
 
     // Template, tokens and media preprocessing on the blocking pool.
-    let permit = state.preparing.clone().acquire_owned().await.map_err(|_| draining())?;
     let prep_state = Arc::clone(state);
     let grammar = options.grammar.take();
     let ends = options.stop_tokens.clone();
-    let prepared = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
+    let prepared = preparing(state, move || {
         // The grammar first: a schema it cannot follow is refused before any media work.
         let constraint = grammar.map(|(g, param)| prep_state.text.constrain(&g, ends, param)).transpose()?;
-        prepare(&prep_state, &messages, definitions.as_deref(), &images)
-            .map(|(prompt, media)| (prompt, media, constraint))
+        let (prompt, media) = prepare(&prep_state, &messages, definitions.as_deref(), &images)?;
+        // What the request holds from here: its preprocessed tensors (or cached features), not
+        // the files. The share goes back here if preparing fails, or with this thread if it was
+        // given up at its deadline: the files are held until then.
+        let media = match (media, held) {
+            (Some(media), Some(mut held)) => {
+                held.resize(media.host_bytes());
+                Some((media, held))
+            }
+            _ => None,
+        };
+        Ok((prompt, media, constraint))
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
+    .await?;
     let (prompt, media, constraint) = prepared;
     if let Some(constraint) = constraint {
         options.sampler = options.sampler.with_constraint(constraint);
@@ -429,14 +477,63 @@ async fn start_completion(
 /// A completion's text prompt as the checkpoint's tokenizer makes it, special tokens included
 /// (what `tokenizer(prompt)` gives in transformers), on the blocking pool.
 async fn tokenize_prompt(state: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiError> {
-    let permit = state.preparing.clone().acquire_owned().await.map_err(|_| draining())?;
     let text_side = Arc::clone(&state.text);
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        text_side.tokenizer.encode(&text, true).map_err(|e| ApiError::internal(e.to_string()))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?
+    preparing(state, move || text_side.tokenizer.encode(&text, true).map_err(|e| ApiError::internal(e.to_string())))
+        .await
+}
+
+/// Runs a request's preparation (`work`: template, tokenizer, image decoding and the plugin's
+/// preprocessing, layout and prefill program) on the blocking pool, at most
+/// `--prepare-workers` at a time, for at most `--prepare-deadline`.
+///
+/// Nothing can stop a plugin call from outside, so a preparation past its deadline is given
+/// up, not cancelled: the request gets a 500, its permit goes back (the other requests are
+/// prepared as before), and its thread counts in `mlxcel_preparations_overdue` until the code
+/// returns. As many overdue as there are workers make `/ready` fail: the server still serves,
+/// but its cores may be spinning in a plugin, and only a restart takes them back.
+async fn preparing<T: Send + 'static>(
+    state: &Arc<AppState>,
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    const RUNNING: u8 = 0;
+    const RETURNED: u8 = 1;
+    const GIVEN_UP: u8 = 2;
+    let permit = state.preparing.clone().acquire_owned().await.map_err(|_| draining())?;
+    let call = Arc::new(std::sync::atomic::AtomicU8::new(RUNNING));
+    let (theirs, metrics) = (Arc::clone(&call), Arc::clone(&state.metrics));
+    let started = Instant::now();
+    let mut handle = tokio::task::spawn_blocking(move || {
+        let out = work();
+        if theirs.compare_exchange(RUNNING, RETURNED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            metrics.preparations_overdue.fetch_sub(1, Ordering::Relaxed);
+            let after = started.elapsed().as_secs_f64();
+            tracing::warn!(after_seconds = after, "a preparation given up at its deadline has returned");
+        }
+        out
+    });
+    let joined = match tokio::time::timeout(state.prepare_deadline, &mut handle).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            // Counted before it is marked, so the thread never uncounts what is not counted.
+            state.metrics.preparations_overdue.fetch_add(1, Ordering::Relaxed);
+            if call.compare_exchange(RUNNING, GIVEN_UP, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                drop(permit);
+                let seconds = state.prepare_deadline.as_secs_f64();
+                tracing::error!(deadline_seconds = seconds, "a request's preparation passed its deadline; given up");
+                let mut error = ApiError::internal(format!(
+                    "preparing the request (template, tokenizer, media preprocessing) did not finish within \
+                     {seconds} s (--prepare-deadline); the server gave up on it"
+                ));
+                error.code = "deadline_exceeded";
+                return Err(error);
+            }
+            // It returned just as the deadline passed.
+            state.metrics.preparations_overdue.fetch_sub(1, Ordering::Relaxed);
+            handle.await
+        }
+    };
+    drop(permit);
+    joined.map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
 }
 
 /// Hands a prepared request to the engine and answers it, whole or streamed, in `api`'s shape.
@@ -445,7 +542,7 @@ async fn run(
     api: Api,
     options: Options,
     prompt: Vec<u32>,
-    media: Option<MediaRequest<'static>>,
+    media: Option<(MediaRequest<'static>, Held)>,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let (tx, mut events) = mpsc::unbounded_channel();
@@ -496,6 +593,41 @@ fn draining() -> ApiError {
     let mut e =
         ApiError::invalid("shutting_down", "the server is shutting down").status(StatusCode::SERVICE_UNAVAILABLE);
     e.kind = "server_error";
+    e.retry_after = Some(1);
+    e
+}
+
+/// 429 when a request's media does not fit beside what the requests in flight hold; 413 when it
+/// would not fit even alone.
+fn media_budget_full(pool: &MediaBytes, bytes: u64) -> ApiError {
+    // Megabytes as the flag takes them, and small amounts in bytes.
+    let size = |b: u64| match b {
+        0..=99_999 => format!("{b} bytes"),
+        _ => format!("{:.1} MB", b as f64 / f64::from(1 << 20)),
+    };
+    let limit = format!("--max-media-mb {} MB, {} bytes", pool.limit() as f64 / f64::from(1 << 20), pool.limit());
+    if bytes > pool.limit() {
+        return ApiError::invalid(
+            "media_too_large",
+            format!(
+                "the request's media ({}) is more than the server holds for all requests in flight ({limit})",
+                size(bytes)
+            ),
+        )
+        .status(StatusCode::PAYLOAD_TOO_LARGE)
+        .param("messages");
+    }
+    let mut e = ApiError::invalid(
+        "media_budget_full",
+        format!(
+            "the request's media ({}) does not fit beside the {} that requests in flight hold ({limit}); retry \
+             after 1s",
+            size(bytes),
+            size(pool.held())
+        ),
+    )
+    .status(StatusCode::TOO_MANY_REQUESTS);
+    e.kind = "rate_limit_error";
     e.retry_after = Some(1);
     e
 }
@@ -560,329 +692,63 @@ struct Options {
 
 impl Options {
     fn from_request(r: &ChatRequest, text: &TextSide) -> Result<Self, ApiError> {
-        if let Some(n) = r.n
-            && n != 1
-        {
-            return Err(
-                ApiError::invalid("unsupported_value", format!("n = {n}: one choice per request is served")).param("n")
-            );
-        }
-        if r.stream_options.is_some() && !r.stream {
-            return Err(ApiError::invalid("invalid_value", "stream_options needs stream: true").param("stream_options"));
-        }
-        let max_tokens = match (r.max_tokens, r.max_completion_tokens) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(ApiError::invalid(
-                    "invalid_value",
-                    format!("max_tokens ({a}) and max_completion_tokens ({b}) disagree"),
-                )
-                .param("max_tokens"));
-            }
-            (a, b) => a.or(b).map(|m| usize::try_from(m).unwrap_or(usize::MAX)),
-        };
-        let top_k = match r.top_k {
-            None | Some(-1) | Some(0) => 0,
-            Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
-            Some(k) => {
-                return Err(ApiError::invalid("invalid_value", format!("top_k must be -1, 0 or positive, got {k}"))
-                    .param("top_k"));
-            }
-        };
+        let fields = request::fields(r, text.vocab)?;
         let params = SamplingParams {
             temperature: r.temperature.unwrap_or(1.0),
-            top_k,
+            top_k: fields.top_k,
             top_p: r.top_p.unwrap_or(1.0),
             min_p: r.min_p.unwrap_or(0.0),
             repetition_penalty: r.repetition_penalty.unwrap_or(1.0),
             frequency_penalty: r.frequency_penalty.unwrap_or(0.0),
             presence_penalty: r.presence_penalty.unwrap_or(0.0),
         };
-        let top_logprobs = match (r.logprobs, r.top_logprobs) {
-            (false, Some(_)) => {
-                return Err(
-                    ApiError::invalid("invalid_value", "top_logprobs needs logprobs: true").param("top_logprobs")
-                );
-            }
-            (false, None) => None,
-            (true, n) => {
-                let n = n.unwrap_or(0);
-                if n > MAX_TOP_LOGPROBS {
-                    return Err(ApiError::invalid(
-                        "invalid_value",
-                        format!("top_logprobs is at most {MAX_TOP_LOGPROBS}, got {n}"),
-                    )
-                    .param("top_logprobs"));
-                }
-                Some(n as usize)
-            }
-        };
         let sampler = Sampler::new(params, r.seed.map(|s| s as u64))
             .map_err(|e| ApiError::invalid("invalid_value", e.to_string()))?
-            .with_logprobs(top_logprobs)
+            .with_logprobs(fields.top_logprobs)
             .map_err(|e| ApiError::invalid("invalid_value", e.to_string()).param("top_logprobs"))?
-            .with_logit_bias(logit_bias(r, text.vocab)?)
+            .with_logit_bias(fields.logit_bias)
             .map_err(|e| ApiError::invalid("invalid_value", e.to_string()).param("logit_bias"))?;
         if r.store == Some(true) || r.service_tier.is_some() {
             // Nothing is stored and every request is served alike; the client is told so in the log.
             tracing::info!(store = ?r.store, service_tier = ?r.service_tier, "fields accepted that change nothing here");
         }
-        let stop_strings = r.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
-        if stop_strings.len() > MAX_STOP_STRINGS {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                format!("{} stop strings; at most {MAX_STOP_STRINGS}", stop_strings.len()),
-            )
-            .param("stop"));
-        }
         let mut stop_tokens = if r.ignore_eos { Vec::new() } else { text.stop_tokens.clone() };
         stop_tokens.extend(&r.stop_token_ids);
-        let grammar = response_grammar(r)?.map(|g| (g, "response_format"));
-        if grammar.is_some() && r.ignore_eos {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                "ignore_eos with a JSON response_format: the answer ends where the JSON ends",
-            )
-            .param("ignore_eos"));
-        }
         Ok(Options {
             stream: r.stream,
             include_usage: r.stream_options.as_ref().is_some_and(|o| o.include_usage),
-            max_tokens,
+            max_tokens: fields.max_tokens,
             sampler,
             logprobs: r.logprobs,
-            stop_strings,
+            stop_strings: fields.stop_strings,
             stop_tokens,
-            grammar,
+            grammar: fields.schema.map(|schema| (Grammar::JsonSchema(schema), "response_format")),
             calls: None,
         })
     }
 }
 
-/// The grammar `response_format` asks for: none for text, a JSON object for `json_object`,
-/// the schema's documents for `json_schema` (any JSON value when it gives no schema).
-fn response_grammar(r: &ChatRequest) -> Result<Option<Grammar>, ApiError> {
-    Ok(match &r.response_format {
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(Grammar::JsonSchema(serde_json::json!({"type": "object"}))),
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
-            if json_schema.name.is_empty() || json_schema.name.len() > 64 {
-                return Err(ApiError::invalid(
-                    "invalid_value",
-                    "response_format.json_schema.name must be 1 to 64 characters",
-                )
-                .param("response_format"));
-            }
-            Some(Grammar::JsonSchema(json_schema.schema.clone().unwrap_or_else(|| serde_json::json!({}))))
-        }
-    })
-}
-
-/// The request's `logit_bias` as `(token, bias)`: each key a token id of the model's logits
-/// (below `vocab`), written in decimal.
-fn logit_bias(r: &ChatRequest, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
-    let Some(map) = &r.logit_bias else { return Ok(Vec::new()) };
-    let mut out = Vec::with_capacity(map.len());
-    for (key, &bias) in map {
-        let token = key.trim().parse::<u32>().ok().filter(|&t| (t as usize) < vocab).ok_or_else(|| {
-            ApiError::invalid(
-                "invalid_value",
-                format!(
-                    "logit_bias key {key:?} is not a token id of this model's vocabulary (0 to {})",
-                    vocab.saturating_sub(1)
-                ),
-            )
-            .param("logit_bias")
-        })?;
-        out.push((token, bias));
+/// Checks a request's media against the model (a family plugin that takes it, the capability
+/// gate, the manifest's image count) before any of it is fetched or decoded.
+fn admit_media(state: &AppState, parts: &[ImagePart]) -> Result<(), ApiError> {
+    if parts.is_empty() {
+        return Ok(());
     }
-    Ok(out)
-}
-
-/// Where an image's bytes come from.
-enum ImageSource {
-    Inline(Vec<u8>),
-    /// An http(s) URL, fetched when remote images are allowed.
-    Remote(String),
-}
-
-/// An image of a chat request: where its bytes come from and the detail it is seen at.
-struct ImagePart {
-    source: ImageSource,
-    detail: Detail,
-    modality: Modality,
-}
-
-/// The chat turns for the template and the images in prompt order, from the wire format.
-fn messages(wire: Vec<super::api::ChatMessage>, state: &AppState) -> Result<(Vec<Message>, Vec<ImagePart>), ApiError> {
-    let mut messages = Vec::new();
-    let mut images = Vec::new();
-    if wire.is_empty() {
-        return Err(ApiError::invalid("empty_prompt", "messages is empty").param("messages"));
-    }
-    for m in wire {
-        let role = match m.role.as_str() {
-            "system" | "user" | "assistant" | "tool" => m.role,
-            // OpenAI's newer name for the system turn.
-            "developer" => "system".to_owned(),
-            other => {
-                return Err(ApiError::invalid(
-                    "unsupported_value",
-                    format!("role `{other}` is not served (system, developer, user, assistant and tool are)"),
-                )
-                .param("messages"));
-            }
-        };
-        let tool_calls = template_calls(&role, m.tool_calls)?;
-        if (role == "tool") != m.tool_call_id.is_some() {
-            return Err(ApiError::invalid("invalid_value", "tool_call_id is given with, and only with, role `tool`")
-                .param("messages"));
-        }
-        let content = match m.content {
-            // Only tool calls: no content, as transformers hands such a turn to the template.
-            None if tool_calls.is_some() => Content::Null,
-            None => Content::Text(String::new()),
-            Some(MessageContent::Text(text)) => Content::Text(text),
-            Some(MessageContent::Parts(parts)) => {
-                let mut out = Vec::new();
-                for part in parts {
-                    match part {
-                        ContentPart::Text { text } => out.push(Part { kind: "text".to_owned(), text: Some(text) }),
-                        ContentPart::ImageUrl { image_url } => {
-                            // `auto` and `high` are the family's own resolution; `low` its
-                            // low-detail pixel budget, or that same resolution (multimodal::Detail).
-                            let detail = match image_url.detail.as_deref() {
-                                None | Some("auto" | "high") => Detail::Full,
-                                Some("low") => Detail::Low,
-                                Some(other) => {
-                                    return Err(ApiError::invalid(
-                                        "invalid_value",
-                                        format!("image_url.detail `{other}` is not one of auto, low and high"),
-                                    )
-                                    .param("messages"));
-                                }
-                            };
-                            images.push(ImagePart {
-                                source: image_source(&image_url.url, state.remote.is_some())?,
-                                detail,
-                                modality: Modality::Image,
-                            });
-                            out.push(Part { kind: "image".to_owned(), text: None });
-                        }
-                        ContentPart::InputAudio { input_audio } => {
-                            // OpenAI's formats are wav and mp3; the family plugins decode WAV.
-                            if input_audio.format != "wav" {
-                                return Err(ApiError::invalid(
-                                    "unsupported_audio_format",
-                                    format!(
-                                        "input_audio.format `{}` is not decoded; send the clip as wav",
-                                        input_audio.format
-                                    ),
-                                )
-                                .param("messages"));
-                            }
-                            let bytes = base64::engine::general_purpose::STANDARD
-                                .decode(input_audio.data.trim())
-                                .map_err(|e| {
-                                    ApiError::invalid(
-                                        "invalid_base64",
-                                        format!("input_audio.data is not valid base64: {e}"),
-                                    )
-                                    .param("messages")
-                                })?;
-                            images.push(ImagePart {
-                                source: ImageSource::Inline(bytes),
-                                detail: Detail::Full,
-                                modality: Modality::Audio,
-                            });
-                            out.push(Part { kind: "audio".to_owned(), text: None });
-                        }
-                    }
-                }
-                Content::Parts(out)
-            }
-        };
-        messages.push(Message { role, content, tool_calls, tool_call_id: m.tool_call_id });
-    }
-    if !images.is_empty() {
-        let Some(media) = state.media else {
-            return Err(ApiError::invalid(
-                "model_not_multimodal",
-                format!("`{}` is served without a family plugin and takes no images", state.model_id),
-            )
-            .param("messages"));
-        };
-        let clips = images.iter().filter(|p| p.modality == Modality::Audio).count();
-        media.admit(images.len() - clips, clips, state.policy).map_err(|e| {
-            let code = match &e {
-                MediaRefusal::Capability(PluginApiError::Unqualified { .. }) => "capability_not_qualified",
-                MediaRefusal::Capability(_) => "capability_unsupported",
-                MediaRefusal::TooMany { .. } => "too_many_images",
-            };
-            ApiError::invalid(code, e.to_string()).param("messages")
-        })?;
-    }
-    Ok((messages, images))
-}
-
-/// An assistant turn's calls as templates take them: each call's arguments an object (the
-/// wire format sends them as JSON text).
-fn template_calls(role: &str, calls: Option<Vec<ToolCallBody>>) -> Result<Option<Vec<serde_json::Value>>, ApiError> {
-    let Some(calls) = calls else { return Ok(None) };
-    if role != "assistant" {
+    let Some(media) = state.media else {
         return Err(ApiError::invalid(
-            "invalid_value",
-            format!("tool_calls in a `{role}` turn; only assistant turns make calls"),
-        )
-        .param("messages"));
-    }
-    calls
-        .into_iter()
-        .map(|call| {
-            let arguments: serde_json::Value = serde_json::from_str(&call.function.arguments).map_err(|e| {
-                ApiError::invalid(
-                    "invalid_value",
-                    format!("the arguments of tool call `{}` are not JSON: {e}", call.id),
-                )
-                .param("messages")
-            })?;
-            Ok(serde_json::json!({
-                "id": call.id,
-                "type": call.kind,
-                "function": {"name": call.function.name, "arguments": arguments},
-            }))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-/// An image URL: a base64 data URL's bytes, or an http(s) URL when remote images are allowed.
-fn image_source(url: &str, remote: bool) -> Result<ImageSource, ApiError> {
-    if url.starts_with("http://") || url.starts_with("https://") {
-        if remote {
-            return Ok(ImageSource::Remote(url.to_owned()));
-        }
-        return Err(ApiError::invalid(
-            "image_url_not_allowed",
-            "remote image URLs are not fetched by this server (it runs without --allow-remote-images); send the image inline as a data URL (data:image/jpeg;base64,...: png, jpeg, webp or gif)",
-        )
-        .param("messages"));
-    }
-    let Some(rest) = url.strip_prefix("data:") else {
-        return Err(ApiError::invalid(
-            "invalid_image_url",
-            "an image_url must be a data URL (data:image/jpeg;base64,...: png, jpeg, webp or gif)",
+            "model_not_multimodal",
+            format!("`{}` is served without a family plugin and takes no images", state.model_id),
         )
         .param("messages"));
     };
-    let Some((header, data)) = rest.split_once(',') else {
-        return Err(ApiError::invalid("invalid_image_url", "the data URL has no `,` before its data").param("messages"));
-    };
-    if !header.ends_with(";base64") {
-        return Err(ApiError::invalid("invalid_image_url", "the data URL is not base64 (`;base64,` expected)")
-            .param("messages"));
-    }
-    base64::engine::general_purpose::STANDARD.decode(data.trim()).map(ImageSource::Inline).map_err(|e| {
-        ApiError::invalid("invalid_base64", format!("the image data URL is not valid base64: {e}")).param("messages")
+    let clips = parts.iter().filter(|p| p.modality == Modality::Audio).count();
+    media.admit(parts.len() - clips, clips, state.policy).map_err(|e| {
+        let code = match &e {
+            MediaRefusal::Capability(PluginApiError::Unqualified { .. }) => "capability_not_qualified",
+            MediaRefusal::Capability(_) => "capability_unsupported",
+            MediaRefusal::TooMany { .. } => "too_many_images",
+        };
+        ApiError::invalid(code, e.to_string()).param("messages")
     })
 }
 
@@ -905,7 +771,7 @@ fn prepare(
         }
         (false, None) => return Err(ApiError::invalid("model_not_multimodal", "this model takes no images")),
         (false, Some(media)) => {
-            let request = media.request(images, state.max_input_pixels).map_err(media_error)?;
+            let mut request = media.request(images, state.max_input_pixels).map_err(media_error)?;
             let ids = request.expand(&prompt, &text.tokenizer).map_err(media_error)?;
             (ids, Some(request))
         }

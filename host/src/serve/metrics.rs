@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::media_bytes::MediaBytes;
 use crate::encoder_cache::EncoderCache;
 
 /// Histogram bucket upper bounds in seconds.
@@ -83,8 +84,12 @@ pub(crate) struct Metrics {
     ttft: Mutex<Histogram>,
     tpot: Mutex<Histogram>,
     encoder_cache: Option<&'static EncoderCache>,
+    media_bytes: std::sync::Arc<MediaBytes>,
     /// Requests handed to the engine whose answer has not ended (see [`Open`]).
     open: AtomicU64,
+    /// Preparations given up at their deadline whose code has not returned yet: each holds a
+    /// thread of the blocking pool (nothing can stop a plugin call from outside).
+    pub(crate) preparations_overdue: AtomicU64,
 }
 
 /// One request between its hand-over to the engine and the end of its answer (whole, streamed,
@@ -117,7 +122,11 @@ fn resident_bytes() -> u64 {
 
 impl Metrics {
     /// `kv_rows`: the decoder's cache rows in all (slots times rows per slot).
-    pub(crate) fn new(encoder_cache: Option<&'static EncoderCache>, kv_rows: u64) -> Self {
+    pub(crate) fn new(
+        encoder_cache: Option<&'static EncoderCache>,
+        media_bytes: std::sync::Arc<MediaBytes>,
+        kv_rows: u64,
+    ) -> Self {
         Metrics {
             engine: Mutex::new(EngineGauges::default()),
             kv_rows,
@@ -128,7 +137,9 @@ impl Metrics {
             ttft: Mutex::new(Histogram::new(&TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(&TPOT_BUCKETS)),
             encoder_cache,
+            media_bytes,
             open: AtomicU64::new(0),
+            preparations_overdue: AtomicU64::new(0),
         }
     }
 
@@ -178,6 +189,24 @@ impl Metrics {
             self.open.load(Ordering::Relaxed),
         );
         gauge(&mut out, "mlxcel_process_resident_bytes", "The server's resident memory.", resident_bytes());
+        gauge(
+            &mut out,
+            "mlxcel_media_bytes_held",
+            "Host bytes of media held by requests in flight (files, preprocessed tensors, features).",
+            self.media_bytes.held(),
+        );
+        gauge(
+            &mut out,
+            "mlxcel_media_bytes_limit",
+            "The most media bytes admission lets requests in flight hold (--max-media-mb).",
+            self.media_bytes.limit(),
+        );
+        gauge(
+            &mut out,
+            "mlxcel_preparations_overdue",
+            "Request preparations given up at their deadline whose code is still running.",
+            self.preparations_overdue.load(Ordering::Relaxed),
+        );
         let engine = self.engine.lock().map(|g| *g).unwrap_or_default();
         gauge(
             &mut out,
@@ -262,7 +291,7 @@ mod tests {
 
     #[test]
     fn histograms_are_cumulative_and_counters_add_up() {
-        let m = Metrics::new(None, 4 * 256);
+        let m = Metrics::new(None, MediaBytes::new(1 << 30), 4 * 256);
         m.engine(EngineGauges { queue_depth: 3, active_slots: 2, kv_rows_in_use: 256 });
         m.first_token(Duration::from_millis(30));
         m.first_token(Duration::from_secs(3));

@@ -2,11 +2,13 @@
 //! decoder bundle (compiled for `--slots` slots of `--context` rows) and the family plugin's
 //! encoders; HTTP requests are prepared on the blocking pool and streamed back from the engine.
 
-mod api;
+pub(crate) mod api;
 mod engine;
 mod fetch;
 mod http;
+mod media_bytes;
 mod metrics;
+mod request;
 mod tools;
 mod weights;
 
@@ -19,6 +21,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use mlxcel_host::decoder::{BundleShape, Decoder, DecoderOptions};
 use mlxcel_host::engine::SchedulerConfig;
+/// The text module as `request.rs` names it (`super::text`), which `fuzz/` compiles beside it.
+use mlxcel_host::text;
 use mlxcel_host::text::{ChatTemplate, Tokenizer, stop_tokens};
 use mlxcel_plugin_api::QualificationPolicy;
 use mlxcel_shim::{Compiler, Device, Driver, Target};
@@ -83,6 +87,11 @@ pub(crate) struct ServeArgs {
     /// Only for a server no untrusted client can reach.
     #[arg(long, requires = "allow_remote_images")]
     allow_private_image_hosts: bool,
+    /// Megabytes of media that requests in flight may hold (encoded files, preprocessed tensors,
+    /// encoder features, until merged into their prompts): a request whose media does not fit
+    /// beside the others' is refused with 429 and Retry-After.
+    #[arg(long, default_value_t = 1024.0)]
+    max_media_mb: f64,
     /// Megabytes of encoder outputs kept for images sent again (a conversation resends its
     /// image every turn): a hit skips decoding, preprocessing and the encoder. 0 keeps none.
     #[arg(long, default_value_t = 128)]
@@ -99,6 +108,11 @@ pub(crate) struct ServeArgs {
     /// Requests prepared at once (template, tokenizer, image decoding and preprocessing).
     #[arg(long, default_value_t = 2)]
     prepare_workers: usize,
+    /// Seconds one request's preparation may take (template, tokenizer, image decoding and the
+    /// plugin's preprocessing): past it the request gets a 500 and the server goes on without
+    /// waiting for it.
+    #[arg(long, default_value_t = 60.0)]
+    prepare_deadline: f64,
     /// Seconds in-flight requests may still run after a shutdown signal before they are
     /// cancelled.
     #[arg(long, default_value_t = 30)]
@@ -137,6 +151,13 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
     }
     if args.slots == 0 || args.queue == 0 || args.prepare_workers == 0 {
         bail!("--slots, --queue and --prepare-workers must be at least 1");
+    }
+    let prepare_deadline = Duration::try_from_secs_f64(args.prepare_deadline)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("--prepare-deadline {} is not a positive number of seconds", args.prepare_deadline))?;
+    if !(args.max_media_mb.is_finite() && args.max_media_mb > 0.0) {
+        bail!("--max-media-mb {} is not a positive number of megabytes", args.max_media_mb);
     }
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty() || k.trim() != k) {
         bail!("the API key (--api-key or MLXCEL_API_KEY) is empty or starts or ends with a space");
@@ -191,7 +212,9 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
         })
         .transpose()?;
     let kv_rows = (args.slots * args.context) as u64;
-    let metrics = Arc::new(metrics::Metrics::new(media.and_then(|m| m.encoder_cache()), kv_rows));
+    let media_bytes = media_bytes::MediaBytes::new((args.max_media_mb * f64::from(1 << 20)) as u64);
+    let metrics =
+        Arc::new(metrics::Metrics::new(media.and_then(|m| m.encoder_cache()), Arc::clone(&media_bytes), kv_rows));
     let device_args: &'static DeviceArgs = Box::leak(Box::new(args.device.clone()));
     let shape = BundleShape { chunk: args.chunk, capacity: args.context, slots: args.slots };
     let load_dir = dir.clone();
@@ -276,6 +299,9 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
         max_input_pixels: args.max_image_pixels,
         remote,
         preparing: Arc::new(tokio::sync::Semaphore::new(args.prepare_workers)),
+        prepare_workers: args.prepare_workers,
+        media_bytes,
+        prepare_deadline,
         draining: Arc::clone(&draining),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         access: http::Access::new(args.api_key.as_deref(), !args.metrics_without_key),

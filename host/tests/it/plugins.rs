@@ -50,43 +50,19 @@ const INCOMPATIBLE_MAJOR: Testkit = Testkit {
 const TOY_VERSION: &str = "0.3.1";
 
 /// `<target>` and `<target>/<profile>` of this test binary (`<profile>/deps/it-<hash>`).
-fn target_dirs() -> (PathBuf, PathBuf) {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile = exe.parent().and_then(Path::parent).expect("test binary lives in <profile>/deps").to_owned();
-    (profile.parent().expect("profile dir has a parent").to_owned(), profile)
-}
-
 impl Testkit {
     fn library_file(&self) -> String {
-        let stem = self.package.replace('-', "_");
-        format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+        crate::support::library_file(self.package)
     }
 
     /// The built library; the testkit crates are built once per test process.
     fn library(&self) -> PathBuf {
         static BUILT: OnceLock<PathBuf> = OnceLock::new();
-        let profile_dir = BUILT.get_or_init(|| {
-            let (target_dir, profile_dir) = target_dirs();
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host is in the workspace");
-            let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
-            command.current_dir(workspace).args(["build", "--offline", "--target-dir"]).arg(&target_dir);
-            match profile_dir.file_name().and_then(|n| n.to_str()) {
-                Some("release") => {
-                    command.arg("--release");
-                }
-                Some("debug") | None => {}
-                Some(other) => {
-                    command.args(["--profile", other]);
-                }
-            }
-            for kit in [GOOD, WRONG_MASK, INCOMPATIBLE_MAJOR] {
-                command.args(["-p", kit.package]);
-            }
-            let output = command.output().expect("run cargo to build the testkit plugins");
-            assert!(output.status.success(), "building testkit plugins failed:\n{}", stderr(&output));
-            profile_dir
-        });
-        profile_dir.join(self.library_file())
+        BUILT
+            .get_or_init(|| {
+                crate::support::build_packages(&[GOOD.package, WRONG_MASK.package, INCOMPATIBLE_MAJOR.package])
+            })
+            .join(self.library_file())
     }
 
     /// A manifest that agrees with the library: `image` qualified with evidence, `multi_image`
@@ -545,7 +521,7 @@ fn toy_fixture(kit: Testkit) -> tempfile::TempDir {
 
 /// Runs `plugins verify` with a compile cache shared by the tests.
 fn verify(plugin: &Path, fixture: &Path) -> Output {
-    let cache = target_dirs().0.join("plugins-verify-cache");
+    let cache = crate::support::target_dirs().0.join("plugins-verify-cache");
     host(&["plugins", "verify", path_str(plugin), "--fixture", path_str(fixture), "--cache-dir", path_str(&cache)])
 }
 

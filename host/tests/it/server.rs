@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mlxcel_host::text::Tokenizer;
+use sha2::Digest;
 
 use crate::support::{experimental_copy, manifest_copy, plugins};
 
@@ -587,6 +588,76 @@ fn clients_that_disconnect_mid_upload_or_mid_stream_leave_nothing_behind() {
     );
     let (status, stderr) = server.terminate();
     assert!(status.success(), "{stderr}");
+}
+
+/// A plugin directory holding only `testkit-faulty` (plugins/testkit/faulty: the Qwen2-VL family
+/// misbehaving on images of chosen widths), its manifest the built Qwen2-VL one renamed and
+/// stamped with the fixture library's hash.
+fn faulty_plugins(out: &Path) {
+    let package = "mlxcel-testkit-faulty";
+    let file = crate::support::library_file(package);
+    let built = crate::support::build_packages(&[package]).join(&file);
+    std::fs::create_dir_all(out).expect("plugin dir");
+    let library = out.join(&file);
+    std::fs::copy(&built, &library).expect("copy the library");
+    let mut manifest = mlxcel_plugin_api::Manifest::from_file(&plugins().join("qwen2_vl.toml")).expect("manifest");
+    manifest.plugin.name = "testkit-faulty".to_owned();
+    manifest.plugin.library = file;
+    let bytes = std::fs::read(&library).expect("read the library");
+    manifest.plugin.sha256 = hex::encode(sha2::Sha256::digest(&bytes));
+    std::fs::write(out.join("testkit-faulty.toml"), manifest.to_toml()).expect("write the manifest");
+}
+
+/// A plugin at fault, through the server beside a running stream and the golden request: its
+/// panic, NaN pixel values and a tensor short of its shape are 500s naming the plugin; a call
+/// stuck past `--prepare-deadline` is a 500 at the deadline, counted overdue (so `/ready` fails
+/// while the one worker is stuck) and uncounted when it returns, its media held meanwhile (so
+/// `--max-media-mb` refuses what does not fit beside it with a 429, and media over the whole
+/// budget with a 413); the stream ends whole, the golden image request gives its tokens, and
+/// nothing is left held.
+#[test]
+fn a_plugin_that_panics_stalls_or_returns_malformed_tensors_costs_only_its_own_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    faulty_plugins(dir.path());
+    let limits = ["--prepare-workers", "1", "--prepare-deadline", "2", "--max-media-mb", "0.01"];
+    let args: Vec<&str> = ["--slots", "2"].iter().chain(&limits).copied().collect();
+    let server = Server::start_with(dir.path(), &args);
+    let tokenizer = Tokenizer::load(&fixture()).expect("tokenizer");
+    let got = server.scenario("plugin_faults");
+    let message = |case: &str| got[case].as_str().unwrap_or_default().to_owned();
+    assert!(message("panic").contains("plugin `testkit-faulty` failed in preprocess"), "{got}");
+    assert!(message("panic").contains("panicked"), "{got}");
+    assert!(message("nan").contains("answered preprocess with a malformed result"), "{got}");
+    assert!(message("nan").contains("not finite at flat index 0"), "{got}");
+    // The plugin-api's own glue checks a tensor's length before it leaves the plugin; the host
+    // checks again for plugins built otherwise.
+    assert!(message("short").contains("plugin `testkit-faulty` failed in preprocess"), "{got}");
+    assert!(message("short").contains("bytes but f32") && message("short").contains("needs"), "{got}");
+    assert!(message("stall").contains("did not finish within 2 s"), "{got}");
+    // Given up at the deadline, not when the stuck call returned (6 s).
+    let stalled = got["stall_seconds"].as_f64().unwrap_or_default();
+    assert!((1.9..5.0).contains(&stalled), "{got}");
+    assert_eq!(got["overdue_after_deadline"], 1.0, "{got}");
+    assert_eq!(got["ready_while_overdue"][0], 503, "{got}");
+    assert_eq!(got["ready_while_overdue"][1]["status"], "preparations_overdue", "{got}");
+    // The stalled request's file is held until its thread returns; nothing else is held then.
+    assert_eq!(got["held_after_deadline"][0], got["held_after_deadline"][1], "{got}");
+    assert!(message("beside_the_stalled").contains("does not fit beside the"), "{got}");
+    assert!(message("over_the_budget").contains("is more than the server holds for all requests"), "{got}");
+    assert_eq!(got["golden_tokens"], golden_token_names(FIXTURE, "image", &tokenizer), "{got}");
+    assert_eq!(got["stream"], serde_json::json!([120, "length"]), "{got}");
+    assert_eq!(
+        got["end"],
+        serde_json::json!({"mlxcel_requests_open": 0.0, "mlxcel_active_slots": 0.0, "mlxcel_queue_depth": 0.0,
+                           "mlxcel_kv_cache_usage": 0.0, "mlxcel_preparations_overdue": 0.0,
+                           "mlxcel_media_bytes_held": 0.0}),
+        "{got}"
+    );
+    assert_eq!(got["ready_at_end"][0], 200, "{got}");
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("passed its deadline; given up"), "{stderr}");
+    assert!(stderr.contains("a preparation given up at its deadline has returned"), "{stderr}");
 }
 
 /// A compile cache built ahead with `mlxcel-host compile` serves a server that only reads it

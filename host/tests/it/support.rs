@@ -53,6 +53,42 @@ pub(crate) fn built_plugins(dir: &Path) {
     assert!(output.status.success(), "build-plugins failed:\n{}", String::from_utf8_lossy(&output.stderr));
 }
 
+/// The target directory this test binary was built in, and its profile directory.
+pub(crate) fn target_dirs() -> (PathBuf, PathBuf) {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile = exe.parent().and_then(Path::parent).expect("test binary lives in <profile>/deps").to_owned();
+    (profile.parent().expect("profile dir has a parent").to_owned(), profile)
+}
+
+/// The file name of a workspace `cdylib` package's library.
+pub(crate) fn library_file(package: &str) -> String {
+    let stem = package.replace('-', "_");
+    format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+}
+
+/// Builds workspace packages (test fixture plugins) in this test binary's profile; the
+/// directory their libraries are in.
+pub(crate) fn build_packages(packages: &[&str]) -> PathBuf {
+    let (target_dir, profile_dir) = target_dirs();
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
+    command.current_dir(workspace()).args(["build", "--offline", "--target-dir"]).arg(&target_dir);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("release") => {
+            command.arg("--release");
+        }
+        Some("debug") | None => {}
+        Some(other) => {
+            command.args(["--profile", other]);
+        }
+    }
+    for package in packages {
+        command.args(["-p", package]);
+    }
+    let output = command.output().expect("run cargo to build the fixture plugins");
+    assert!(output.status.success(), "building {packages:?} failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    profile_dir
+}
+
 /// A copy of a built plugin directory whose qwen2_vl manifest marks every qualified capability
 /// `experimental` again: the gate's refusal, tested without depending on a real manifest's status.
 pub(crate) fn experimental_copy(built: &Path, out: &Path) {

@@ -1176,6 +1176,100 @@ def scenario_checkpoint_changed(client, args):
     return seen
 
 
+def noise_png(width, height, seed):
+    """An RGB PNG of width x height random pixels (which do not compress: the file is about 3 bytes a pixel)."""
+    import random
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    pixels = random.Random(seed).randbytes
+    rows = b"".join(b"\0" + pixels(3 * width) for _ in range(height))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def gauges(base_url):
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics") as response:
+        text = response.read().decode()
+    return {n: float(v) for n, v in (line.rsplit(" ", 1) for line in text.splitlines()
+                                     if line and not line.startswith("#") and "{" not in line)}
+
+
+def ready(base_url):
+    try:
+        with urllib.request.urlopen(base_url.removesuffix("/v1") + "/ready") as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def scenario_plugin_faults(client, args):
+    """Issue 27, a plugin at fault (plugins/testkit/faulty: Qwen2-VL that misbehaves on images of chosen
+    widths), on a server with one preparation worker, a 2 s preparation deadline and 10 KiB of media in
+    flight. While a long stream decodes: a panic, a NaN in the pixel values and a tensor short of its shape
+    are each a 500 naming the plugin's fault; a call stuck past the deadline is a 500 `deadline_exceeded`
+    at the deadline, counts as overdue (so /ready fails, one worker being stuck) and keeps its file's bytes
+    held until its code returns, so an image that does not fit beside it is a 429 while the golden image
+    request is still answered; media over the whole budget is a 413. The stream ends whole and every gauge
+    returns to zero."""
+    golden = json.loads((args.fixture / "goldens" / "image.json").read_text())
+    files = {}
+
+    def image(width, height=40):
+        files[width] = noise_png(width, height, width)
+        url = "data:image/png;base64," + base64.b64encode(files[width]).decode()
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is this?"}]}]
+
+    def stream():
+        chunks = client.chat.completions.create(
+            model=args.model, messages=[{"role": "user", "content": "Tell a long story."}],
+            max_tokens=120, temperature=0, stream=True, extra_body=IGNORE_EOS,
+            stream_options={"include_usage": True})
+        usage, finish = None, None
+        for chunk in chunks:
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        return usage, finish
+
+    seen = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        running = pool.submit(stream)
+        for name, width in [("panic", 61), ("nan", 63), ("short", 65)]:
+            seen[name] = expect_error(500, "media_failed", lambda: client.chat.completions.create(
+                model=args.model, messages=image(width), max_tokens=4))
+        started = time.time()
+        seen["stall"] = expect_error(500, "deadline_exceeded", lambda: client.chat.completions.create(
+            model=args.model, messages=image(62), max_tokens=4))
+        seen["stall_seconds"] = time.time() - started
+        during = gauges(args.base_url)
+        seen["overdue_after_deadline"] = during["mlxcel_preparations_overdue"]
+        seen["held_after_deadline"] = [int(during["mlxcel_media_bytes_held"]), len(files[62])]
+        seen["ready_while_overdue"] = ready(args.base_url)
+        seen["beside_the_stalled"] = expect_error(429, "media_budget_full", lambda: client.chat.completions.create(
+            model=args.model, messages=image(64, 20), max_tokens=4))
+        seen["over_the_budget"] = expect_error(413, "media_too_large", lambda: client.chat.completions.create(
+            model=args.model, messages=image(68, 60), max_tokens=4))
+        r = client.chat.completions.create(model=args.model, messages=golden_messages(args.fixture, golden),
+                                           logprobs=True, extra_body=IGNORE_EOS, **GREEDY)
+        seen["golden_tokens"] = [e.token for e in r.choices[0].logprobs.content]
+        seen["stream"] = running.result()
+
+    names = ("mlxcel_requests_open", "mlxcel_active_slots", "mlxcel_queue_depth", "mlxcel_kv_cache_usage",
+             "mlxcel_preparations_overdue", "mlxcel_media_bytes_held")
+    deadline = time.time() + 30
+    end = gauges(args.base_url)
+    while time.time() < deadline and any(end[n] != 0 for n in names):
+        time.sleep(0.1)
+        end = gauges(args.base_url)
+    seen["end"] = {n: end[n] for n in names}
+    seen["ready_at_end"] = ready(args.base_url)
+    return seen
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
