@@ -45,6 +45,13 @@ unsafe extern "C" {
         key: sys::iree_string_view_t,
         alias: sys::iree_string_view_t,
     ) -> sys::iree_status_t;
+    /// `csrc/parameter_alias.c`: adds `key` as the first `length` bytes of `handle`.
+    pub(crate) fn mlxcel_parameter_index_add_handle(
+        index: *mut ParameterIndex,
+        key: sys::iree_string_view_t,
+        handle: *mut sys::iree_io_file_handle_t,
+        length: u64,
+    ) -> sys::iree_status_t;
     pub(crate) fn iree_io_parameters_module_create(
         instance: *mut sys::iree_vm_instance_t,
         provider_count: usize,

@@ -11,7 +11,7 @@ use std::{fmt, ptr::null_mut, rc::Rc};
 
 use crate::{
     artifact::{Artifact, ParameterDecl},
-    checkpoint::Checkpoint,
+    checkpoint::{Checkpoint, TensorEntry},
     error::{Error, Result},
     ffi::{self, check, string_view, sys},
     tensor::{DType, HostTensor, TensorDesc},
@@ -369,10 +369,14 @@ impl DeviceTensor {
 /// each tensor by its key and by any alias given (a graph's logical name for it).
 pub struct Parameters {
     provider: *mut ffi::ParameterProvider,
+    /// The provider's index (one reference of ours), to which tiled views are added.
+    index: *mut ffi::ParameterIndex,
     scope: String,
     checkpoint: Checkpoint,
     /// Alias to checkpoint key.
     aliases: BTreeMap<String, String>,
+    /// The tiled views built so far (their declared keys), each once per checkpoint.
+    tiled: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl fmt::Debug for Parameters {
@@ -387,8 +391,12 @@ impl fmt::Debug for Parameters {
 
 impl Drop for Parameters {
     fn drop(&mut self) {
-        // SAFETY: we own one reference to the provider, released once here.
-        unsafe { ffi::iree_io_parameter_provider_release(self.provider) };
+        // SAFETY: we own one reference to the provider and one to the index,
+        // each released once here.
+        unsafe {
+            ffi::iree_io_parameter_provider_release(self.provider);
+            ffi::iree_io_parameter_index_release(self.index);
+        }
     }
 }
 
@@ -432,9 +440,11 @@ impl Parameters {
                     "creating the parameter provider",
                 )
             });
-            ffi::iree_io_parameter_index_release(index);
-            created?;
-            Ok(Parameters { provider, scope: scope.to_owned(), checkpoint, aliases })
+            if let Err(e) = created {
+                ffi::iree_io_parameter_index_release(index);
+                return Err(e);
+            }
+            Ok(Parameters { provider, index, scope: scope.to_owned(), checkpoint, aliases, tiled: Default::default() })
         }
     }
 
@@ -453,16 +463,12 @@ impl Parameters {
             if decl.scope != self.scope {
                 return Err(Error::ParameterScope { scope: decl.scope.clone(), provided: self.scope.clone() });
             }
-            let key = self.aliases.get(&decl.key).unwrap_or(&decl.key);
-            let entry = self.checkpoint.get(key).ok_or_else(|| Error::ParameterMissing {
-                key: decl.key.clone(),
-                files: self.checkpoint.describe_files(),
-            })?;
-            let mismatch = |wanted: String| Error::ParameterMismatch {
-                key: decl.key.clone(),
-                found: format!("{} {:?}", entry.dtype, entry.shape),
-                wanted,
-            };
+            if let Some((stored, rows)) = tiled_view(&decl.key) {
+                self.add_tiled(decl, stored, rows)?;
+                continue;
+            }
+            let (_, entry) = self.stored(&decl.key)?;
+            let mismatch = |wanted: String| mismatch(decl, entry, wanted);
             let packed = packed_bits(&decl.ty).filter(|&bits| bits == 4 || entry.dtype == "U32");
             if let Some(bits) = packed {
                 // MLX's quantized weights: `uint32` words read as 8 four-bit or 4 eight-bit
@@ -480,6 +486,175 @@ impl Parameters {
         }
         Ok(())
     }
+}
+
+impl Parameters {
+    /// The checkpoint key and tensor serving the declared name `name` (through its alias, if
+    /// it has one).
+    fn stored<'a>(&'a self, name: &'a str) -> Result<(&'a str, &'a TensorEntry)> {
+        let key = self.aliases.get(name).map(String::as_str).unwrap_or(name);
+        let entry = self
+            .checkpoint
+            .get(key)
+            .ok_or_else(|| Error::ParameterMissing { key: name.to_owned(), files: self.checkpoint.describe_files() })?;
+        Ok((key, entry))
+    }
+
+    /// Serves `decl`, the row-tiled view of the stored `[out, in]` matrix `stored` that a
+    /// module declares (`[out / rows, in, rows, 1]`, row `r` at `[r / rows, :, r % rows, 0]`),
+    /// building it the first time: the stored bytes are read (not mapped, so they stay out of
+    /// the resident set), reordered into memory of their own, and that memory added to the
+    /// index under the declared key. Later modules declaring the same view share it.
+    fn add_tiled(&self, decl: &ParameterDecl, stored: &str, rows: usize) -> Result<()> {
+        let (key, entry) = self.stored(stored)?;
+        let tiled = match (entry.desc(), entry.shape.as_slice()) {
+            (Some(desc), &[out, inputs]) if out.is_multiple_of(rows) && desc.dtype.size() > 0 => {
+                Some((TensorDesc::new(desc.dtype, vec![out / rows, inputs, rows, 1]), out, inputs))
+            }
+            _ => None,
+        };
+        let Some((want, out, inputs)) = tiled.filter(|(want, ..)| decl.desc.as_ref() == Some(want)) else {
+            let wanted = format!("{} (a [out, in] matrix whose rows fill tiles of {rows})", decl.ty);
+            return Err(mismatch(decl, entry, wanted));
+        };
+        let mut built = self.tiled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if built.contains(&decl.key) {
+            return Ok(());
+        }
+        let bytes = self.checkpoint.read(key)?;
+        let mut host = HostBytes::new(bytes.len()).ok_or_else(|| Error::Iree {
+            operation: "tiling a weight",
+            message: format!("could not allocate {} bytes for {}", bytes.len(), decl.key),
+        })?;
+        tile_rows(&bytes, host.as_mut_slice(), out, inputs, rows, want.dtype.size());
+        drop(bytes);
+        let len = host.len;
+        let host = Box::into_raw(Box::new(host));
+        // SAFETY: `host` is ours until the handle owns it through `release`, which IREE calls
+        // once, when the last reference to the handle goes; on failure to wrap it is freed here.
+        unsafe {
+            let handle = match wrap_host_memory(
+                (*host).ptr.cast(),
+                len,
+                free_host_bytes,
+                host.cast(),
+                "wrapping a tiled weight",
+            ) {
+                Ok(handle) => handle,
+                Err(e) => {
+                    drop(Box::from_raw(host));
+                    return Err(e);
+                }
+            };
+            let added = check(
+                ffi::mlxcel_parameter_index_add_handle(self.index, string_view(&decl.key), handle, len as u64),
+                "adding a tiled weight",
+            );
+            // The index holds its own reference once the entry is added.
+            sys::iree_io_file_handle_release(handle);
+            added?;
+        }
+        tracing::debug!(key = %decl.key, bytes = len, "weight tiled");
+        built.insert(decl.key.clone());
+        Ok(())
+    }
+}
+
+/// `decl` is not what the checkpoint tensor `entry` holds.
+fn mismatch(decl: &ParameterDecl, entry: &TensorEntry, wanted: String) -> Error {
+    Error::ParameterMismatch { key: decl.key.clone(), found: format!("{} {:?}", entry.dtype, entry.shape), wanted }
+}
+
+/// A declared key naming a checkpoint matrix served in row tiles, `{key}|tile{rows}` (as the
+/// graphs' numeric contract spells it): the stored key and the rows per tile.
+fn tiled_view(key: &str) -> Option<(&str, usize)> {
+    let (stored, rows) = key.rsplit_once("|tile")?;
+    let rows = rows.parse::<usize>().ok().filter(|&r| r > 0)?;
+    Some((stored, rows))
+}
+
+/// Reorders a row-major `[out, inputs]` matrix of `elem`-byte values into `[out / rows,
+/// inputs, rows]`: each tile of `rows` consecutive rows stored input by input.
+fn tile_rows(src: &[u8], dst: &mut [u8], out: usize, inputs: usize, rows: usize, elem: usize) {
+    debug_assert_eq!(src.len(), out * inputs * elem);
+    let tile = rows * inputs * elem;
+    match elem {
+        2 => tile_all::<2>(src, dst, tile, inputs, rows),
+        4 => tile_all::<4>(src, dst, tile, inputs, rows),
+        _ => {
+            for (t, dst) in dst.chunks_exact_mut(tile).enumerate() {
+                let src = &src[t * tile..][..tile];
+                for (i, v) in dst.chunks_exact_mut(elem).enumerate() {
+                    let (k, r) = (i / rows, i % rows);
+                    v.copy_from_slice(&src[(r * inputs + k) * elem..][..elem]);
+                }
+            }
+        }
+    }
+}
+
+/// [`tile_rows`] for `E`-byte values, on two threads: a decoder's weights are gigabytes and
+/// loading waits for them. The destination is written in order; each source row is read along
+/// its cache lines, `rows` rows at a time.
+fn tile_all<const E: usize>(src: &[u8], dst: &mut [u8], tile: usize, inputs: usize, rows: usize) {
+    let one = |(t, dst): (usize, &mut [u8])| {
+        let src = &src[t * tile..][..tile];
+        for (k, column) in dst.chunks_exact_mut(rows * E).enumerate() {
+            for (r, v) in column.chunks_exact_mut(E).enumerate() {
+                let at = (r * inputs + k) * E;
+                let value: [u8; E] = src[at..at + E].try_into().expect("invariant: E bytes");
+                v.copy_from_slice(&value);
+            }
+        }
+    };
+    let half = (dst.len() / tile.max(1)).div_ceil(2);
+    let (first, rest) = dst.split_at_mut(half * tile);
+    std::thread::scope(|s| {
+        s.spawn(|| first.chunks_exact_mut(tile).enumerate().for_each(one));
+        rest.chunks_exact_mut(tile).enumerate().map(|(i, d)| (i + half, d)).for_each(one);
+    });
+}
+
+/// Host memory at IREE's heap buffer alignment, owned by a file handle once wrapped.
+struct HostBytes {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl HostBytes {
+    fn layout(len: usize) -> Option<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(len.max(1), HEAP_BUFFER_ALIGNMENT as usize).ok()
+    }
+
+    fn new(len: usize) -> Option<Self> {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(Self::layout(len)?) };
+        (!ptr.is_null()).then_some(HostBytes { ptr, len })
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `len` bytes we own (uninitialised bytes are written before any read:
+        // `tile_rows` writes every byte of the destination).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        if let Some(layout) = Self::layout(self.len) {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { std::alloc::dealloc(self.ptr, layout) };
+        }
+    }
+}
+
+/// The release callback of a tiled weight's handle.
+unsafe extern "C" fn free_host_bytes(
+    user_data: *mut std::ffi::c_void,
+    _primitive: sys::iree_io_file_handle_primitive_t,
+) {
+    // SAFETY: `user_data` is the `HostBytes` `add_tiled` leaked for this handle, released once.
+    drop(unsafe { Box::from_raw(user_data.cast::<HostBytes>()) });
 }
 
 /// The bits per element of a declared `tensor<...xi4>` or `tensor<...xi8>`, the types a
@@ -593,11 +768,35 @@ fn map_file(path: &std::path::Path) -> Result<*mut sys::iree_io_file_handle_t> {
         return Err(failed(std::io::Error::last_os_error()));
     }
     let mapping = Box::into_raw(Box::new(Mapping { ptr, len }));
-    let release = sys::iree_io_file_handle_release_callback_t { fn_: Some(unmap), user_data: mapping.cast() };
-    let span = sys::iree_byte_span_t { data: ptr.cast(), data_length: len };
-    let mut handle = null_mut();
-    // SAFETY: on success the handle owns `mapping` through `release`; on
+    // SAFETY: on success the handle owns `mapping` through `unmap`; on
     // failure IREE does not call it, so the mapping is undone here.
+    unsafe {
+        wrap_host_memory(ptr.cast(), len, unmap, mapping.cast(), "wrapping a mapped checkpoint file").inspect_err(
+            |_| {
+                // SAFETY: the handle was not created, so nothing else owns `mapping`.
+                unmap(mapping.cast(), std::mem::zeroed())
+            },
+        )
+    }
+}
+
+/// Wraps the `len` bytes at `data` as a read-only IREE file handle (one reference, the
+/// caller's) whose last release calls `release(user_data)`. On failure IREE does not call it,
+/// and `user_data` is still the caller's.
+///
+/// # Safety
+/// The bytes must stay valid until `release` is called.
+unsafe fn wrap_host_memory(
+    data: *mut u8,
+    len: usize,
+    release: unsafe extern "C" fn(*mut std::ffi::c_void, sys::iree_io_file_handle_primitive_t),
+    user_data: *mut std::ffi::c_void,
+    what: &'static str,
+) -> Result<*mut sys::iree_io_file_handle_t> {
+    let span = sys::iree_byte_span_t { data, data_length: len };
+    let release = sys::iree_io_file_handle_release_callback_t { fn_: Some(release), user_data };
+    let mut handle = null_mut();
+    // SAFETY: the bytes outlive the handle (the caller's contract).
     let status = unsafe {
         sys::iree_io_file_handle_wrap_host_allocation(
             sys::iree_io_file_access_bits_t_IREE_IO_FILE_ACCESS_READ,
@@ -607,11 +806,7 @@ fn map_file(path: &std::path::Path) -> Result<*mut sys::iree_io_file_handle_t> {
             &mut handle,
         )
     };
-    if let Err(e) = check(status, "wrapping a mapped checkpoint file") {
-        // SAFETY: the handle was not created, so nothing else owns `mapping`.
-        unsafe { unmap(mapping.cast(), std::mem::zeroed()) };
-        return Err(e);
-    }
+    check(status, what)?;
     Ok(handle)
 }
 
@@ -1201,6 +1396,26 @@ mod tests {
         assert!(!packs("tensor<448x64xi8>", 8, "U32", &[448, 8]), "4-bit words read as 8-bit");
         assert!(!packs("tensor<448x64xi4>", 4, "U32", &[224, 16]), "another row count");
         assert!(!packs("tensor<448x64xi4>", 4, "I32", &[448, 8]), "not u32 words");
+    }
+
+    #[test]
+    fn a_matrix_is_tiled_row_r_at_tile_r_over_rows_and_lane_r_mod_rows() {
+        for (elem, rows, out, inputs) in [(2, 4, 12, 5), (4, 2, 6, 3), (1, 3, 9, 4), (2, 32, 64, 7), (2, 4, 4, 1)] {
+            let src: Vec<u8> = (0..out * inputs * elem).map(|i| (i * 7 % 251) as u8).collect();
+            let mut dst = vec![0u8; src.len()];
+            tile_rows(&src, &mut dst, out, inputs, rows, elem);
+            for r in 0..out {
+                for k in 0..inputs {
+                    let stored = &src[(r * inputs + k) * elem..][..elem];
+                    let tiled = &dst[(((r / rows) * inputs + k) * rows + r % rows) * elem..][..elem];
+                    assert_eq!(stored, tiled, "row {r} input {k} of {out}x{inputs} in tiles of {rows}, {elem} bytes");
+                }
+            }
+        }
+        assert_eq!(tiled_view("model.embed_tokens.weight|tile32"), Some(("model.embed_tokens.weight", 32)));
+        assert_eq!(tiled_view("model.embed_tokens.weight"), None);
+        assert_eq!(tiled_view("w|tile0"), None);
+        assert_eq!(tiled_view("w|tilex"), None);
     }
 
     #[test]

@@ -12,7 +12,8 @@ module @mlxcel_llvm_cpu attributes {transform.with_named_sequence, iree_codegen.
   }
 
   // A decode step's linear over a 16-bit float weight (`w @ x`, one row, f32
-  // activations). IREE's default vectorises 32 output rows by 16 inputs, which
+  // activations) that is not served in row tiles (the graphs tile every matrix
+  // whose rows fill tiles of 32; see `NumericContract::linear_tiled`). IREE's default vectorises 32 output rows by 16 inputs, which
   // widens and transposes every weight tile: an 8960x1536 bf16 weight took 4.5 ms
   // (6 GB/s), the 151936x1536 head 44 ms. One output row by 256 inputs streams
   // each weight row: 1.2 ms and 12 ms. The 256 lanes are summed apart and

@@ -24,7 +24,10 @@
 
 use std::cell::RefCell;
 
-use mlxcel_emit::{AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value};
+use mlxcel_emit::{
+    AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value, WEIGHT_TILE_ROWS,
+    tiled_key,
+};
 
 use crate::config::{Activation, LayerKind, TextConfig};
 use crate::spec::WeightLayout;
@@ -177,13 +180,22 @@ impl KvLayout {
 #[derive(Clone)]
 enum Lin {
     Dense(Global),
-    Affine { q: Global, scales: Global, biases: Global, group_size: usize },
+    /// A 16-bit float matrix `[out, in]` served in row tiles, `[out / 32, in, 32, 1]`
+    /// (`NumericContract::linear_tiled`).
+    Tiled(Global),
+    Affine {
+        q: Global,
+        scales: Global,
+        biases: Global,
+        group_size: usize,
+    },
 }
 
 impl Lin {
     fn load(&self, f: &mut Func) -> LoadedLin {
         match self {
             Lin::Dense(w) => LoadedLin::Dense(f.load(w)),
+            Lin::Tiled(w) => LoadedLin::Tiled(f.load(w)),
             Lin::Affine { q, scales, biases, group_size } => LoadedLin::Affine(AffineWeight {
                 q: f.load(q),
                 scales: f.load(scales),
@@ -196,6 +208,7 @@ impl Lin {
 
 enum LoadedLin {
     Dense(Value),
+    Tiled(Value),
     Affine(AffineWeight),
 }
 
@@ -381,7 +394,13 @@ pub fn emit_bundle(
     let lin = |m: &mut Module, key: String, out: usize, inputs: usize| -> Lin {
         let linear = Linear::detect(index, &key, cfg.quantization.as_ref());
         let Linear::Affine { weight, scales, biases, .. } = &linear else {
-            return Lin::Dense(p(m, key, &[out, inputs]));
+            if !tiles(weights, out) {
+                return Lin::Dense(p(m, key, &[out, inputs]));
+            }
+            // Checked against the checkpoint as stored; served in row tiles.
+            declared.borrow_mut().push((key.clone(), vec![out, inputs]));
+            let rows = WEIGHT_TILE_ROWS;
+            return Lin::Tiled(m.param(&tiled_key(&key), Type::new(weights, &[out / rows, inputs, rows, 1])));
         };
         match check_affine(index, &linear, out, inputs) {
             Ok(layout) => {
@@ -635,6 +654,13 @@ pub fn emit_bundle(
     Ok(Emitted { mlir: m.finish()?, sources: sources.into_inner().into_iter().collect() })
 }
 
+/// Whether a dense `[out, in]` matrix stored as `weights` is served in row tiles: 16-bit float
+/// weights whose rows fill whole tiles (see `NumericContract::linear_tiled`). f32 weights keep
+/// the checkpoint's layout, read in place.
+fn tiles(weights: Elem, out: usize) -> bool {
+    matches!(weights, Elem::BF16 | Elem::F16) && out.is_multiple_of(WEIGHT_TILE_ROWS)
+}
+
 /// The row at which a checkpoint splits a two-part token table of `rows` rows: the first
 /// part's rows, when both parts are stored `[n, hidden]`, non-empty, and add up to `rows`;
 /// `None` otherwise (the declared shapes then report what is wrong).
@@ -679,6 +705,10 @@ impl Emitter<'_> {
                 let rows = f.gather_rows(&table, tokens);
                 f.convert(&rows, self.c.activations)
             }
+            LoadedLin::Tiled(table) => {
+                let rows = f.gather_tiled_rows(&table, tokens);
+                f.convert(&rows, self.c.activations)
+            }
             LoadedLin::Affine(table) => {
                 let rows = AffineWeight {
                     q: f.gather_rows(&table.q, tokens),
@@ -697,6 +727,7 @@ impl Emitter<'_> {
     fn linear(&self, f: &mut Func, x: &Value, w: &Lin, bias: Option<&Value>) -> Value {
         match w.load(f) {
             LoadedLin::Dense(w) => self.c.linear(f, x, &w, bias),
+            LoadedLin::Tiled(w) => self.c.linear_tiled(f, x, &w, bias),
             LoadedLin::Affine(w) => self.c.qlinear(f, x, &w, bias),
         }
     }

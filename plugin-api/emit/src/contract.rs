@@ -14,7 +14,9 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v5: MLX's affine-quantized weights (`dequantize`, `qlinear`).
 /// v6: a decode step's `linear` over 16-bit float weights reduces in 256-wide lane groups
 /// combined at the end (the target's tuning spec), stated in the association.
-pub const CONTRACT_VERSION: u32 = 6;
+/// v7: `linear_tiled`: 16-bit float weights served in row tiles, each output summed over its
+/// inputs in order.
+pub const CONTRACT_VERSION: u32 = 7;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -24,6 +26,23 @@ pub const CONTRACT_VERSION: u32 = 6;
 /// against 5.4, but 32 rows 9.9 against 12.8. Larger row counts (prefill,
 /// encoders) keep `x @ w^T`, and with it their measured bf16 numerics.
 pub const WEIGHT_LEFT_MAX_ROWS: usize = 16;
+
+/// Rows per tile of a weight served for [`NumericContract::linear_tiled`]: two 512-bit vectors
+/// of f32 outputs. Measured on 8960x1536 and 1536x8960 bf16 weights (IREE 3.13, 2 threads,
+/// against `linear`): tiles of 32 rows take 0.93 and 1.01 ms for one row of `x` (1.04 and
+/// 1.41), 1.58 and 1.88 ms for 8 rows (5.40 and 7.53), 10.1 and 11.1 ms for 64 (16.7 and
+/// 20.7); tiles of 16 rows run one accumulator per row of `x` and were slower for one row
+/// (1.17 ms), tiles of 64 slower for 8 (2.48 ms).
+pub const WEIGHT_TILE_ROWS: usize = 32;
+
+/// What joins a checkpoint key and its layout in the key a module declares for a tiled view.
+pub const TILED_KEY_SEPARATOR: &str = "|tile";
+
+/// The parameter key a module declares for the checkpoint matrix `key` served in row tiles,
+/// `[out / 32, in, 32, 1]`: the host builds that view once, at load, from the stored `[out, in]`.
+pub fn tiled_key(key: &str) -> String {
+    format!("{key}{TILED_KEY_SEPARATOR}{WEIGHT_TILE_ROWS}")
+}
 
 /// A linear weight `[out, in]` in MLX's affine quantization, as a module declares it: `q` holds
 /// the `bits`-bit integers (signless `i4` or `i8`: the checkpoint's packed `uint32` words read as
@@ -79,8 +98,9 @@ impl ContractDescriptor {
 }
 
 /// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
-const ROUNDING: [&str; 9] = [
+const ROUNDING: [&str; 10] = [
     "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
+    "linear_tiled: as linear, the weight widened inside the contraction",
     "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
     "rms_norm one_plus: normalised and scaled by (1 + w) in the accumulator, rounded once",
     "layer_norm: in the accumulator (biased variance), rounded once",
@@ -95,14 +115,26 @@ const ROUNDING: [&str; 9] = [
 const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles and vectorises each reduction; \
                            with --iree-llvmcpu-reassociate-fp-reductions in the backend, vector lanes are summed \
                            apart and then combined); qlinear over one row reduces over (groups, group_size) at \
-                           once; linear over one row of 16-bit float weights (a decode step) reduces each \
-                           output over 256 inputs at a time, lanes summed apart and combined at the end \
-                           (the llvm-cpu tuning spec, reassociated)";
+                           once; linear_tiled (16-bit float weights in row tiles of 32) sums each output \
+                           over its inputs in order, one vector lane per output; linear over one row of \
+                           16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
+                           lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated)";
 
 /// The dequantization, as [`ContractDescriptor::dequantization`] states it.
 const DEQUANTIZATION: &str = "MLX affine: integers packed least significant first in u32 words, zero-extended; \
                               w = f32(q) * f32(scale), rounded, then + f32(bias), rounded; one scale and bias \
                               per group of group_size consecutive inputs";
+
+/// At most this many rows of `x` per tile in [`NumericContract::linear_tiled`].
+const LHS_TILE_MAX_ROWS: usize = 16;
+
+/// Rows of `x` per tile in [`NumericContract::linear_tiled`]: the largest divisor of `rows` up
+/// to 16, so a tile's products fill at most 32 of the 32 vector registers (16 rows by two
+/// vectors of outputs; measured on 8960x1536, 64 rows: 10.2 ms in tiles of 16, 10.1 in tiles of
+/// 8).
+fn lhs_tile_rows(rows: usize) -> usize {
+    (1..=rows.clamp(1, LHS_TILE_MAX_ROWS)).rev().find(|m| rows.is_multiple_of(*m)).unwrap_or(1)
+}
 
 /// `qlinear` over this many rows or fewer reduces as a fused multiply-and-reduce (see
 /// [`NumericContract::qlinear`]).
@@ -170,6 +202,54 @@ impl NumericContract {
         } else {
             f.dot_general(&xa, &wa, (&[], &[]), (&[last], &[1]))
         };
+        self.bias_and_round(f, &y, bias)
+    }
+
+    /// `x @ w^T (+ bias)` for a weight served in row tiles, `w [out / t, in, t, 1]` (row
+    /// `r` of the stored matrix is `w[r / t, :, r % t, 0]`): `x`'s rows are tiled the same
+    /// way and the two contracted by `linalg.mmt4d` in the accumulator, the weight widened
+    /// inside it, then the bias added and the result rounded once, as [`Self::linear`].
+    ///
+    /// Each output is one vector lane summing its products over the inputs in order, so no
+    /// reduction is reassociated; IREE 3.13's mmt4d codegen streams the stored 16-bit weight
+    /// with one widening per 16 weights and one multiply-add per row of `x`, where a
+    /// `dot_general` over `[out, in]` transposes every weight tile (BENCHMARKS.md, "tiled
+    /// weights").
+    pub fn linear_tiled(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>) -> Value {
+        let [tiles, inputs, t] = match w.shape() {
+            &[tiles, inputs, t, 1] => [tiles, inputs, t],
+            _ => [0, x.shape().last().copied().unwrap_or(0), 1],
+        };
+        let rank = x.ty().rank();
+        let last = rank.saturating_sub(1);
+        let lead = x.shape()[..last].to_vec();
+        let rows: usize = lead.iter().product();
+        let xa = f.convert(x, self.accumulate);
+        let mut x2 = f.reshape(&xa, &[rows, inputs]);
+        // Rows with no divisor from 8 to 16 (a vision tower's 577 = 24 * 24 + 1) are padded
+        // with zero rows to a multiple of 16, whose outputs are dropped: tiles of fewer rows run
+        // fewer multiply-adds per weight read.
+        let padded = if rows > LHS_TILE_MAX_ROWS && lhs_tile_rows(rows) < 8 {
+            rows.next_multiple_of(LHS_TILE_MAX_ROWS)
+        } else {
+            rows
+        };
+        if padded > rows {
+            let zeros = f.splat(&Type::new(self.accumulate, &[padded - rows, inputs]), 0.0);
+            x2 = f.concat(&[x2, zeros], 0);
+        }
+        let m0 = lhs_tile_rows(padded);
+        let xr = f.reshape(&x2, &[padded / m0, m0, inputs, 1]);
+        let lhs = f.transpose(&xr, &[0, 2, 1, 3]);
+        let y4 = f.mmt4d(&lhs, w);
+        let y = f.transpose(&y4, &[0, 2, 1, 3]);
+        let mut y = f.reshape(&y, &[padded, tiles * t]);
+        if padded > rows {
+            y = f.slice(&y, &[0, 0], &[rows, tiles * t]);
+        }
+        let mut shape = lead;
+        shape.push(tiles * t);
+        let y = f.reshape(&y, &shape);
         self.bias_and_round(f, &y, bias)
     }
 

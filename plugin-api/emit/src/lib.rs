@@ -13,7 +13,10 @@ mod ops;
 
 use std::fmt;
 
-pub use contract::{AffineWeight, CONTRACT_VERSION, ContractDescriptor, NumericContract, RmsStyle};
+pub use contract::{
+    AffineWeight, CONTRACT_VERSION, ContractDescriptor, NumericContract, RmsStyle, TILED_KEY_SEPARATOR,
+    WEIGHT_TILE_ROWS, tiled_key,
+};
 pub use ops::{Compare, Reduce};
 
 /// Element types the builder emits.

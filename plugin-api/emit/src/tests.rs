@@ -276,8 +276,8 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 6);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v6:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 7);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v7:act=f32:acc=f32");
 }
 
 /// A bf16-scaled 4-bit weight `[3, 64]` in groups of 32, and a function over `x`.
@@ -364,7 +364,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":6,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":7,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert!(dense.rounding.iter().any(|r| r.starts_with("qlinear")));
     let q = NumericContract::f32().descriptor(
@@ -378,4 +378,55 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert_ne!(q.to_json(), dense.to_json());
     let other_backend = NumericContract::f32().descriptor(vec!["bf16".into()], Elem::F32, "IREE y".into());
     assert_ne!(other_backend.to_json(), dense.to_json());
+}
+
+/// Mutation-sensitive: a linear over a weight in row tiles widens `x` to f32, tiles its rows
+/// (`[rows / m0, in, m0, 1]`, `m0` the largest divisor of the rows up to 16; rows with none
+/// from 8 up padded to a multiple of 16), contracts with
+/// `linalg.mmt4d` reading the bf16 weight as stored, adds the bias in f32 and rounds once.
+#[test]
+fn a_tiled_linear_contracts_the_stored_weight_by_mmt4d_in_f32_and_rounds_once() {
+    for (rows, m0) in [(1usize, 1usize), (8, 8), (64, 16), (24, 12), (40, 10), (21, 16), (577, 16)] {
+        let mut m = Module::new("m");
+        let w = m.param(&crate::tiled_key("w.weight"), Type::new(Elem::BF16, &[2, 64, 32, 1]));
+        let b = m.param("w.bias", Type::new(Elem::BF16, &[64]));
+        let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[1, rows, 64])]);
+        let (wv, bv) = (f.load(&w), f.load(&b));
+        let y = NumericContract::bf16().linear_tiled(&mut f, &a[0], &wv, Some(&bv));
+        assert_eq!(y.ty(), &Type::new(Elem::BF16, &[1, rows, 64]));
+        m.add_func(f, &[y]);
+        let text = m.finish().expect("valid");
+        assert!(text.contains("\"model\"::\"w.weight|tile32\"> : tensor<2x64x32x1xbf16>"), "{text}");
+        let line = text.lines().find(|l| l.contains("linalg.mmt4d")).expect("an mmt4d");
+        let m1 = rows.div_ceil(m0);
+        let types = format!(": tensor<{m1}x64x{m0}x1xf32>, tensor<2x64x32x1xbf16>) outs(");
+        assert!(line.contains(&types), "{rows} rows: x in f32 tiles, the weight as stored: {line}");
+        assert!(line.ends_with(&format!("-> tensor<{m1}x2x{m0}x32xf32>")), "accumulates in f32: {line}");
+        let ops = op_names(&text);
+        assert_eq!(ops.iter().filter(|o| **o == "linalg.mmt4d").count(), 1, "{ops:?}");
+        assert!(!ops.contains(&"stablehlo.dot_general"), "{ops:?}");
+        let to_bf16 = text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
+        assert_eq!(to_bf16, 1, "rounded once: {text}");
+        assert!(text.contains("(tensor<64xbf16>) -> tensor<64xf32>"), "bias widened: {text}");
+        assert!(text.contains("stablehlo.add"), "bias added: {text}");
+        let padded = rows.next_multiple_of(16) > rows && rows % m0 != 0;
+        assert_eq!(padded, ops.contains(&"stablehlo.slice"), "{rows} rows padded, their outputs dropped: {ops:?}");
+    }
+}
+
+/// Rows of a tiled table are gathered at `(row / t, :, row % t, 0)`.
+#[test]
+fn rows_of_a_tiled_table_are_gathered_across_the_tile() {
+    let mut m = Module::new("m");
+    let w = m.param(&crate::tiled_key("embed.weight"), Type::new(Elem::BF16, &[4, 8, 32, 1]));
+    let (mut f, a) = m.func("f", &[Type::new(Elem::I32, &[5])]);
+    let table = f.load(&w);
+    let rows = f.gather_tiled_rows(&table, &a[0]);
+    assert_eq!(rows.ty(), &Type::new(Elem::BF16, &[5, 8]));
+    m.add_func(f, &[rows]);
+    let text = m.finish().expect("valid");
+    assert!(text.contains("collapsed_slice_dims = [0, 2, 3], start_index_map = [0, 1, 2, 3]"), "{text}");
+    assert!(text.contains("slice_sizes = array<i64: 1, 8, 1, 1>"), "{text}");
+    assert!(text.contains("stablehlo.constant dense<32> : tensor<5xi32>"), "{text}");
+    assert!(text.contains("stablehlo.divide") && text.contains("stablehlo.subtract"), "{text}");
 }

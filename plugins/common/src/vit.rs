@@ -9,19 +9,44 @@
 
 use std::collections::HashMap;
 
-use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Type, Value};
+use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Type, Value, WEIGHT_TILE_ROWS, tiled_key};
 use mlxcel_plugin_api::{RVec, TensorSpec};
 
 use crate::config::WeightDtype;
 
 /// Declares an encoder's weights, each `(logical name, shape)` in the dtype the checkpoint
-/// stores them in: the globals by name, for a [`Tower`].
+/// stores them in: the globals by name, for a [`Tower`]. A 16-bit float matrix named
+/// `*.weight` whose rows fill the contract's row tiles is declared in row tiles instead, under
+/// its `tiled_key` (the host builds that view at load): [`Tower::project`] contracts it as
+/// stored, and [`Tower::w`] gives it back as the `[out, in]` matrix for any other use.
 pub fn declare_parameters(
     m: &mut Module,
     parameters: &[(String, Vec<usize>)],
     weights: WeightDtype,
 ) -> HashMap<String, Global> {
-    parameters.iter().map(|(key, shape)| (key.clone(), m.param(key, Type::new(weights.elem(), shape)))).collect()
+    let elem = weights.elem();
+    parameters
+        .iter()
+        .map(|(key, shape)| match tiled_shape(elem, key, shape) {
+            Some(tiled) => (tiled_key(key), m.param(&tiled_key(key), Type::new(elem, &tiled))),
+            None => (key.clone(), m.param(key, Type::new(elem, shape))),
+        })
+        .collect()
+}
+
+/// The row-tiled shape a weight `key` of `shape` is declared in (`[out / 32, in, 32, 1]`),
+/// when it is a 16-bit float `*.weight` matrix whose rows fill whole tiles.
+fn tiled_shape(elem: Elem, key: &str, shape: &[usize]) -> Option<[usize; 4]> {
+    match *shape {
+        [out, inputs]
+            if matches!(elem, Elem::BF16 | Elem::F16)
+                && key.ends_with(".weight")
+                && out.is_multiple_of(WEIGHT_TILE_ROWS) =>
+        {
+            Some([out / WEIGHT_TILE_ROWS, inputs, WEIGHT_TILE_ROWS, 1])
+        }
+        _ => None,
+    }
 }
 
 /// The same weights as an `EncoderGraph` lists them.
@@ -56,10 +81,36 @@ impl Tower<'_> {
     /// The parameter `key` (a whole logical name), in the activation dtype: bf16 weights are
     /// widened where they are read, so every op computes as on f32 weights and no widened
     /// copy outlives the call (the encoders compile without const-expr hoisting).
+    /// A matrix declared in row tiles and read other than by [`Tower::project`] (a patch
+    /// kernel, a table) is put back in `[out, in]` order in the graph.
     pub fn w(&self, f: &mut Func, key: &str) -> Value {
-        let g = self.globals.get(key).expect("invariant: every parameter is declared");
-        let stored = f.load(g);
+        if let Some(g) = self.globals.get(key) {
+            let stored = f.load(g);
+            return f.convert(&stored, self.c.activations);
+        }
+        let g = self.globals.get(&tiled_key(key)).expect("invariant: every parameter is declared");
+        let tiled = f.load(g);
+        let &[tiles, inputs, rows, 1] = tiled.shape() else { unreachable!("declared by tiled_shape") };
+        let t = f.reshape(&tiled, &[tiles, inputs, rows]);
+        let t = f.transpose(&t, &[0, 2, 1]);
+        let stored = f.reshape(&t, &[tiles * rows, inputs]);
         f.convert(&stored, self.c.activations)
+    }
+
+    /// `x W^T (+ bias)` with the parameter `key` (a whole logical name) as `W`: contracted as
+    /// stored when it is declared in row tiles (`NumericContract::linear_tiled`), otherwise
+    /// through `NumericContract::linear`.
+    pub fn project(&self, f: &mut Func, x: &Value, key: &str, bias: Option<&Value>) -> Value {
+        match self.globals.get(&tiled_key(key)) {
+            Some(g) => {
+                let w = f.load(g);
+                self.c.linear_tiled(f, x, &w, bias)
+            }
+            None => {
+                let w = self.w(f, key);
+                self.c.linear(f, x, &w, bias)
+            }
+        }
     }
 
     /// The tower's parameter `name` (below its prefix).
@@ -69,9 +120,8 @@ impl Tower<'_> {
 
     /// `x W^T + b` with the tower's `name.weight` and `name.bias`.
     pub fn linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.t(f, &format!("{name}.weight"));
         let b = self.t(f, &format!("{name}.bias"));
-        self.c.linear(f, x, &w, Some(&b))
+        self.project(f, x, &format!("{}{name}.weight", self.prefix), Some(&b))
     }
 
     /// LayerNorm with the tower's `name.weight` and `name.bias`.
@@ -210,8 +260,7 @@ impl Tower<'_> {
         if bias {
             return self.linear(f, x, name);
         }
-        let w = self.t(f, &format!("{name}.weight"));
-        self.c.linear(f, x, &w, None)
+        self.project(f, x, &format!("{}{name}.weight", self.prefix), None)
     }
 
     /// One residual attention block of Molmo's ViT (Molmo's and Molmo2's) under `layer`

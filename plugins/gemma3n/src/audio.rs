@@ -313,8 +313,7 @@ impl Emitter<'_> {
 
     /// A bias-free linear with the tower's `name.weight`.
     fn linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.tower.t(f, &format!("{name}.weight"));
-        self.c.linear(f, x, &w, None)
+        self.tower.project(f, x, &format!("{}{name}.weight", self.tower.prefix), None)
     }
 
     /// `Gemma3nRMSNorm`: `x * (mean(x^2) + eps)^-0.5`, times the tower's `name.weight` (not
@@ -552,8 +551,7 @@ impl Emitter<'_> {
 
     /// `embed_audio`'s projection and post norm of normalised rows.
     fn project(&self, f: &mut Func, x: &Value) -> Value {
-        let w = self.embed.t(f, "embedding_projection.weight");
-        let y = self.c.linear(f, x, &w, None);
+        let y = self.embed.project(f, x, &format!("{}embedding_projection.weight", self.embed.prefix), None);
         self.rms_unscaled(f, &y, self.audio().rms_norm_eps)
     }
 

@@ -128,9 +128,8 @@ impl Emitter<'_> {
     }
 
     fn projector_linear(&self, f: &mut Func, x: &Value, name: &str) -> Value {
-        let w = self.tower.w(f, &format!("{PROJECTOR}{name}.weight"));
         let b = self.config.projector_bias.then(|| self.tower.w(f, &format!("{PROJECTOR}{name}.bias")));
-        self.c.linear(f, x, &w, b.as_ref())
+        self.tower.project(f, x, &format!("{PROJECTOR}{name}.weight"), b.as_ref())
     }
 }
 
