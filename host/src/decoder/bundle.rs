@@ -202,10 +202,11 @@ impl Decoder {
         // A decode step's reductions over weights narrower than f32 run along the inputs (the
         // quantized ones above; 16-bit float weights whose rows do not fill the contract's row
         // tiles through the target's tuning spec, see `shim/tuning/llvm_cpu.mlir`; tiled ones
-        // are summed in order by `linalg.mmt4d` and do not depend on this flag). Kept in order, IREE 3.13 reduces each vector lane by
-        // lane in scalar adds (an 8960x1536 4-bit matvec: 7.4 ms, against 1.1 ms reassociated
-        // and 1.2 ms for the same weight in bf16). The association is the backend's either way
-        // (see the contract's record); the flag is part of the backend's identity there.
+        // are summed in order by `linalg.mmt4d` and do not depend on this flag). Kept in order,
+        // IREE 3.13 reduces each vector lane by lane in scalar adds (an 8960x1536 4-bit matvec:
+        // 7.4 ms, against 1.1 ms reassociated and 1.2 ms for the same weight in bf16). The
+        // association is the backend's either way (see the contract's record); the flag is part
+        // of the backend's identity there.
         if quantized || weights != Elem::F32 {
             flags.push("--iree-llvmcpu-reassociate-fp-reductions=true".to_owned());
         }

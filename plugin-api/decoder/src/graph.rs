@@ -25,8 +25,7 @@
 use std::cell::RefCell;
 
 use mlxcel_emit::{
-    AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value, WEIGHT_TILE_ROWS,
-    tiled_key,
+    AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value, tiled_key, tiled_shape,
 };
 
 use crate::config::{Activation, LayerKind, TextConfig};
@@ -394,13 +393,12 @@ pub fn emit_bundle(
     let lin = |m: &mut Module, key: String, out: usize, inputs: usize| -> Lin {
         let linear = Linear::detect(index, &key, cfg.quantization.as_ref());
         let Linear::Affine { weight, scales, biases, .. } = &linear else {
-            if !tiles(weights, out) {
+            let Some(tiled) = tiled_shape(weights, out, inputs) else {
                 return Lin::Dense(p(m, key, &[out, inputs]));
-            }
+            };
             // Checked against the checkpoint as stored; served in row tiles.
             declared.borrow_mut().push((key.clone(), vec![out, inputs]));
-            let rows = WEIGHT_TILE_ROWS;
-            return Lin::Tiled(m.param(&tiled_key(&key), Type::new(weights, &[out / rows, inputs, rows, 1])));
+            return Lin::Tiled(m.param(&tiled_key(&key), Type::new(weights, &tiled)));
         };
         match check_affine(index, &linear, out, inputs) {
             Ok(layout) => {
@@ -652,13 +650,6 @@ pub fn emit_bundle(
         return Err(WeightsError::Tensors(problems).into());
     }
     Ok(Emitted { mlir: m.finish()?, sources: sources.into_inner().into_iter().collect() })
-}
-
-/// Whether a dense `[out, in]` matrix stored as `weights` is served in row tiles: 16-bit float
-/// weights whose rows fill whole tiles (see `NumericContract::linear_tiled`). f32 weights keep
-/// the checkpoint's layout, read in place.
-fn tiles(weights: Elem, out: usize) -> bool {
-    matches!(weights, Elem::BF16 | Elem::F16) && out.is_multiple_of(WEIGHT_TILE_ROWS)
 }
 
 /// The row at which a checkpoint splits a two-part token table of `rows` rows: the first

@@ -44,6 +44,18 @@ pub fn tiled_key(key: &str) -> String {
     format!("{key}{TILED_KEY_SEPARATOR}{WEIGHT_TILE_ROWS}")
 }
 
+/// The row tiles, `[out / 32, in, 32, 1]`, in which a dense `[out, in]` matrix stored as `elem`
+/// is served for [`NumericContract::linear_tiled`]: 16-bit float weights whose rows fill whole
+/// tiles. `None` for any other: f32 weights keep the checkpoint's layout, read in place.
+pub fn tiled_shape(elem: Elem, out: usize, inputs: usize) -> Option<[usize; 4]> {
+    (matches!(elem, Elem::BF16 | Elem::F16) && out.is_multiple_of(WEIGHT_TILE_ROWS)).then_some([
+        out / WEIGHT_TILE_ROWS,
+        inputs,
+        WEIGHT_TILE_ROWS,
+        1,
+    ])
+}
+
 /// A linear weight `[out, in]` in MLX's affine quantization, as a module declares it: `q` holds
 /// the `bits`-bit integers (signless `i4` or `i8`: the checkpoint's packed `uint32` words read as
 /// such), `scales` and `biases` `[out, in / group_size]` are in the checkpoint's dtype, and

@@ -15,7 +15,7 @@ use std::fmt;
 
 pub use contract::{
     AffineWeight, CONTRACT_VERSION, ContractDescriptor, NumericContract, RmsStyle, TILED_KEY_SEPARATOR,
-    WEIGHT_TILE_ROWS, tiled_key,
+    WEIGHT_TILE_ROWS, tiled_key, tiled_shape,
 };
 pub use ops::{Compare, Reduce};
 

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Type, Value, WEIGHT_TILE_ROWS, tiled_key};
+use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Type, Value, tiled_key, tiled_shape};
 use mlxcel_plugin_api::{RVec, TensorSpec};
 
 use crate::config::WeightDtype;
@@ -27,24 +27,18 @@ pub fn declare_parameters(
     let elem = weights.elem();
     parameters
         .iter()
-        .map(|(key, shape)| match tiled_shape(elem, key, shape) {
+        .map(|(key, shape)| match tiled_matrix(elem, key, shape) {
             Some(tiled) => (tiled_key(key), m.param(&tiled_key(key), Type::new(elem, &tiled))),
             None => (key.clone(), m.param(key, Type::new(elem, shape))),
         })
         .collect()
 }
 
-/// The row-tiled shape a weight `key` of `shape` is declared in (`[out / 32, in, 32, 1]`),
-/// when it is a 16-bit float `*.weight` matrix whose rows fill whole tiles.
-fn tiled_shape(elem: Elem, key: &str, shape: &[usize]) -> Option<[usize; 4]> {
+/// The row-tiled shape a parameter `key` of `shape` is declared in ([`tiled_shape`]), when it
+/// is a `*.weight` matrix.
+fn tiled_matrix(elem: Elem, key: &str, shape: &[usize]) -> Option<[usize; 4]> {
     match *shape {
-        [out, inputs]
-            if matches!(elem, Elem::BF16 | Elem::F16)
-                && key.ends_with(".weight")
-                && out.is_multiple_of(WEIGHT_TILE_ROWS) =>
-        {
-            Some([out / WEIGHT_TILE_ROWS, inputs, WEIGHT_TILE_ROWS, 1])
-        }
+        [out, inputs] if key.ends_with(".weight") => tiled_shape(elem, out, inputs),
         _ => None,
     }
 }
@@ -90,7 +84,7 @@ impl Tower<'_> {
         }
         let g = self.globals.get(&tiled_key(key)).expect("invariant: every parameter is declared");
         let tiled = f.load(g);
-        let &[tiles, inputs, rows, 1] = tiled.shape() else { unreachable!("declared by tiled_shape") };
+        let &[tiles, inputs, rows, 1] = tiled.shape() else { unreachable!("declared by tiled_matrix") };
         let t = f.reshape(&tiled, &[tiles, inputs, rows]);
         let t = f.transpose(&t, &[0, 2, 1]);
         let stored = f.reshape(&t, &[tiles * rows, inputs]);
