@@ -193,7 +193,7 @@ impl Decoder {
             flags.push("--iree-opt-const-expr-hoisting=false".to_owned());
         }
         // With aggressive dispatch fusion IREE 3.13 fuses a quantized weight's dequantization
-        // into a one-row decode step's reductions (see `NumericContract::qlinear`), so the packed
+        // into a decode step's reductions (see `NumericContract::qlinear`), so the packed
         // integers are what is read; without it each dequantized weight is written out in f32
         // and read back.
         if quantized {

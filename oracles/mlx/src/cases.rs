@@ -199,9 +199,9 @@ pub fn quantized(iree: &Iree, report: &mut Report) -> Result<()> {
                 Expect::Production,
             );
 
-            // 2. quantized matmul, decode (1 row) and prefill (24 rows).
+            // 2. quantized matmul: decode of 1 and of 8 streams, prefill (24 rows).
             let max_bias = b.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
-            for rows in [1usize, 24] {
+            for rows in [1usize, 8, 24] {
                 let x = rng.normals(rows * inputs, 1.0);
                 let mlx = theirs(&ops::quantized_matmul(
                     array(&x, &[rows, inputs]),

@@ -276,8 +276,8 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 7);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v7:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 8);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v8:act=f32:acc=f32");
 }
 
 /// A bf16-scaled 4-bit weight `[3, 64]` in groups of 32, and a function over `x`.
@@ -326,14 +326,18 @@ fn dequantization_is_q_times_scale_then_plus_bias_in_the_accumulator() {
     assert!(sum.contains(&format!("add {name}, ")), "{sum}");
 }
 
-/// Mutation-sensitive: a one-row quantized linear reduces over `[out, groups, group_size]` in
-/// f32 and rounds once; more rows contract the dequantized weight with `dot_general`, also in
-/// f32, also rounded once.
+/// Mutation-sensitive: a quantized linear over up to 8 rows reduces over `[rows, out, groups,
+/// group_size]` in f32 and rounds once; more rows contract the dequantized weight with
+/// `dot_general`, also in f32, also rounded once.
 #[test]
 fn quantized_linear_accumulates_in_f32_and_rounds_once() {
-    for (rows, contraction) in
-        [(1usize, "stablehlo.reduce"), (2, "stablehlo.dot_general"), (24, "stablehlo.dot_general")]
-    {
+    for (rows, contraction) in [
+        (1usize, "stablehlo.reduce"),
+        (2, "stablehlo.reduce"),
+        (8, "stablehlo.reduce"),
+        (9, "stablehlo.dot_general"),
+        (24, "stablehlo.dot_general"),
+    ] {
         let (mut m, mut f, a, w) = affine_module(rows);
         let y = NumericContract::bf16().qlinear(&mut f, &a[0], &w, None);
         assert_eq!(y.ty(), &Type::new(Elem::BF16, &[rows, 3]));
@@ -345,8 +349,9 @@ fn quantized_linear_accumulates_in_f32_and_rounds_once() {
         let converts_to_bf16 =
             text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
         assert_eq!(converts_to_bf16, 1, "rounded once: {text}");
-        if rows == 1 {
-            assert!(text.contains("across dimensions = [1, 2] : (tensor<3x2x32xf32>"), "reduced in f32: {text}");
+        if rows <= crate::contract::QLINEAR_FUSED_MAX_ROWS {
+            let reduced = format!("across dimensions = [2, 3] : (tensor<{rows}x3x2x32xf32>");
+            assert!(text.contains(&reduced), "reduced in f32: {text}");
         } else {
             let contracted = format!("(tensor<{rows}x64xf32>, tensor<3x64xf32>) -> tensor<{rows}x3xf32>");
             assert!(text.contains(&contracted), "in f32: {text}");
@@ -364,7 +369,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":7,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":8,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert!(dense.rounding.iter().any(|r| r.starts_with("qlinear")));
     let q = NumericContract::f32().descriptor(
