@@ -712,6 +712,9 @@ impl Decoder {
 
     /// One decode step for each `(slot, token)`; every slot listed appends
     /// one row. Returns each listed slot's logits, in order.
+    ///
+    /// One slot alone runs `decode_one`, which computes that slot's row only; more run `decode`,
+    /// which computes a row for every slot (idle ones into a junk row).
     pub fn decode(&mut self, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>, DecoderError> {
         let BundleShape { capacity, slots, .. } = self.options.shape;
         for &(slot, token) in steps {
@@ -721,13 +724,16 @@ impl Decoder {
                 return Err(DecoderError::CapacityExceeded { used: self.lens[slot], adding: 1, capacity });
             }
         }
+        if let &[(slot, token)] = steps
+            && slots > 1
+        {
+            return Ok(vec![self.decode_one(slot, token)?]);
+        }
         let mut ids = vec![0i32; slots];
         let mut pos = vec![0i32; slots];
         let mut write = vec![0i32; slots];
         for &(slot, _) in steps {
-            let at = self.lens[slot] as i64 + self.deltas[slot];
-            pos[slot] =
-                i32::try_from(at).map_err(|_| DecoderError::Positions(format!("position {at} overflows i32")))?;
+            pos[slot] = self.decode_position(slot)?;
         }
         // Idle slots write a junk row into the last slack row, past every row a query can see,
         // so the rows a released slot holds for a later prefix survive.
@@ -754,6 +760,29 @@ impl Decoder {
             result.push(all[slot * vocab..(slot + 1) * vocab].to_vec());
         }
         Ok(result)
+    }
+
+    /// The position of `slot`'s next row (its cache length shifted by its rope delta).
+    fn decode_position(&self, slot: usize) -> Result<i32, DecoderError> {
+        let at = self.lens[slot] as i64 + self.deltas[slot];
+        i32::try_from(at).map_err(|_| DecoderError::Positions(format!("position {at} overflows i32")))
+    }
+
+    /// One decode step of `slot` alone (checked by [`Self::decode`]).
+    fn decode_one(&mut self, slot: usize, token: u32) -> Result<Vec<f32>, DecoderError> {
+        let write = self.lens[slot];
+        let args = [
+            HostTensor::from_slice(vec![1], &[token as i32])?,
+            self.decode_positions(&[self.decode_position(slot)?])?,
+            self.masks(&[write], &[])?,
+            HostTensor::scalar(slot as i32),
+            HostTensor::scalar(write as i32),
+        ];
+        let out = self.session.call("decoder.decode_one", &args.iter().map(Arg::from).collect::<Vec<_>>())?;
+        let logits: Vec<f32> = out[0].to_host()?.to_vec()?;
+        self.lens[slot] += 1;
+        self.held[slot] = self.lens[slot];
+        Ok(logits)
     }
 }
 

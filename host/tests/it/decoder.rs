@@ -513,6 +513,35 @@ fn two_slots_decode_together_as_each_alone() {
     assert_eq!(again, a.greedy, "reused slot");
 }
 
+/// A lone slot's step runs `decode_one`, which computes that slot's row only: each step gives
+/// the logits the all-slot `decode` gives the same step beside another slot (dense f32 and MLX
+/// 4-bit weights), and the other slot's cache rows stay as they were.
+#[test]
+fn a_lone_slot_decodes_as_it_does_beside_another() {
+    for name in ["qwen2", "qwen3_mlx_q4"] {
+        let (a, b) = (golden(name, "short"), golden(name, "long"));
+        let mut alone = load(name, SHAPE);
+        let mut beside = load(name, SHAPE);
+        for dec in [&mut alone, &mut beside] {
+            dec.prefill_tokens(0, &a.input_ids, Logits::Last).expect("prefill a");
+            dec.prefill_tokens(1, &b.input_ids, Logits::Last).expect("prefill b");
+        }
+        let other = alone.kv_slot(1).expect("slot 1");
+        let (mut next, mut steps) = (a.greedy[0], 0);
+        for &want in &a.greedy[1..] {
+            let one = alone.decode(&[(0, next)]).expect("alone").remove(0);
+            let both = beside.decode(&[(0, next), (1, b.greedy[0])]).expect("beside").remove(0);
+            let diff = one.iter().zip(&both).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(diff <= 1e-4, "{name}: step {steps}: alone and beside differ by {diff}");
+            assert_eq!(argmax(&one), want, "{name}: step {steps}: the golden token");
+            next = want;
+            steps += 1;
+        }
+        assert_eq!(alone.kv_slot(1).expect("slot 1"), other, "{name}: slot 1's rows");
+        assert_eq!(alone.len(0), a.input_ids.len() + steps, "{name}: slot 0's length");
+    }
+}
+
 /// Serving asks for the last row's logits only (`logits_at`); they are the
 /// last row of the every-row logits verification compares, for a prompt
 /// longer than one chunk.

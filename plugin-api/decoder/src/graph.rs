@@ -63,7 +63,7 @@ impl BundleShape {
 /// The decoder ABI's version: the exports below, their arguments and results. Part of the
 /// plugin ABI (a plugin's spec is emitted through it) and of every bundle's compile-cache
 /// fingerprint; bumped whenever an export changes.
-pub const DECODER_ABI: u32 = 4;
+pub const DECODER_ABI: u32 = 5;
 
 /// One export of a decoder bundle: its name and, in order, what its arguments and results are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub struct Export {
 
 /// Every export a bundle has (the module is `decoder`, so `decoder.<name>`). `injections` is
 /// present when the spec has injected layers.
-pub const EXPORTS: [Export; 7] = [
+pub const EXPORTS: [Export; 8] = [
     Export { name: "embed", args: &["tokens[T]"], results: &["raw-rows[T,H]"] },
     Export {
         name: "prefill_tokens",
@@ -93,6 +93,11 @@ pub const EXPORTS: [Export; 7] = [
         name: "decode",
         args: &["tokens[S]", "pos[S|3,S]", "write[S]", "masks[K,S,C]"],
         results: &["logits[S,V]"],
+    },
+    Export {
+        name: "decode_one",
+        args: &["token[1]", "pos[1|3,1]", "masks[K,1,C]", "slot", "write"],
+        results: &["logits[1,V]"],
     },
     Export { name: "kv_slot", args: &["slot"], results: &["kv[slot layout]"] },
 ];
@@ -600,11 +605,20 @@ pub fn emit_bundle(
     m.add_func(f, &[hidden]);
 
     // prefill_tokens
-    let (mut f, a) = m.func("prefill_tokens", &[i32s(t), pos_ty(t), mask(t), scalar.clone(), scalar]);
+    let (mut f, a) = m.func("prefill_tokens", &[i32s(t), pos_ty(t), mask(t), scalar.clone(), scalar.clone()]);
     let x = e.embed(&mut f, &a[0]);
     let x = f.reshape(&x, &[1, t, h]);
     let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
     m.add_func(f, &[hidden]);
+
+    // decode_one: one token for one slot, so a lone stream does not pay for a row of every slot
+    // (`decode` computes all S rows whichever are in use).
+    let (mut f, a) = m.func("decode_one", &[i32s(1), pos_ty(1), mask(1), scalar.clone(), scalar]);
+    let x = e.embed(&mut f, &a[0]);
+    let x = f.reshape(&x, &[1, 1, h]);
+    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
+    let logits = e.head(&mut f, &hidden);
+    m.add_func(f, &[logits]);
 
     // logits: the head over every row of a prefill's hidden state.
     let (mut f, a) = m.func("logits", &[contract.act(&[t, h])]);
