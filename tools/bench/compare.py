@@ -88,7 +88,7 @@ alternates too); each repetition is a fresh process per system. Per system and r
   mlxcel-host  `generate --image ... --json --ignore-eos` (decode tok/s for one stream, prefill, load),
                then `serve --slots S` driven over plain HTTP streaming: warm time to first token of the image
                request, of a text request with as many prompt rows (the difference is the encoder's share),
-               and S concurrent text streams; the server runs with --encoder-cache-mb 0 --no-prefix-cache (warm
+               one text stream alone (what a lone user of the S-slot server gets), and S concurrent text streams; the server runs with --encoder-cache-mb 0 --no-prefix-cache (warm
                is the compile cache: with its caches the image request sent again after the warm-up would skip
                the encoder and keep its prompt's rows, and the encoder's share came out negative);
   transformers one process: time to first token of the image request (processor included; encoder and LM
@@ -515,6 +515,12 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
             res = p.wait()
             return {"load_s": load_s, "ttft_image_s": ttft_image, "ttft_text_same_rows_s": ttft_text,
                     "encoder_derived_s": ttft_image - ttft_text, "peak_rss_bytes": res["peak_rss_bytes"]}
+        # One stream alone on the S-slot server: what a lone user of a server gets (its decode steps run only
+        # its own row), against `generate`'s one slot.
+        r = sse_request(addr, chat_body(model, w.stream_prompts[0], args.new))
+        if len(r["stamps"]) != args.new:
+            raise RuntimeError(f"the lone stream did not yield {args.new} tokens")
+        lone = (args.new - 1) / (r["stamps"][-1] - r["stamps"][0])
         results: list[dict | None] = [None] * args.streams
 
         def one(i):
@@ -539,7 +545,7 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
     p.p.send_signal(signal.SIGTERM)
     res = p.wait()
     return {"load_s": load_s, "ttft_image_s": ttft_image, "ttft_text_same_rows_s": ttft_text,
-            "encoder_derived_s": ttft_image - ttft_text, "streams": args.streams,
+            "encoder_derived_s": ttft_image - ttft_text, "streams": args.streams, "lone_stream_tok_s": lone,
             "aggregate_tok_s": agg["aggregate_tok_s"], "end_to_end_tok_s": agg["end_to_end_tok_s"],
             "peak_rss_bytes": res["peak_rss_bytes"], "foreign_cores": max(foreign, 0.0)}
 
@@ -1405,6 +1411,7 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
         "encoder_s": (med(s, "encoder_derived_s"), med(h, "encoder_s"), "lower"),
         "lm_prefill_s": (med(s, "ttft_text_same_rows_s"), med(h, "lm_prefill_s"), "lower"),
         "decode_1_tok_s": (med(g, "decode_tok_s"), med(h, "decode_tok_s"), "higher"),
+        "decode_1_on_server_tok_s": (med(s, "lone_stream_tok_s"), med(h, "decode_tok_s"), "higher"),
         "aggregate_tok_s": (med(s, "aggregate_tok_s"), med(h, "aggregate_tok_s"), "higher"),
         "end_to_end_tok_s": (med(s, "end_to_end_tok_s"), med(h, "end_to_end_tok_s"), "higher"),
         "peak_rss_1_stream_bytes": (med(g, "peak_rss_bytes"), None, "lower"),
@@ -1537,6 +1544,7 @@ def summarize_extra(extra: dict, w: Workload, args, bw) -> dict:
             "ttft_image_s": (med(s, "ttft_image_s"), med(h, "ttft_image_s"), "lower"),
             "lm_prefill_s": (med(s, "ttft_text_same_rows_s"), med(h, "lm_prefill_s"), "lower"),
             "decode_1_tok_s": (med(g, "decode_tok_s"), med(h, "decode_tok_s"), "higher"),
+            "decode_1_on_server_tok_s": (med(s, "lone_stream_tok_s"), med(h, "decode_tok_s"), "higher"),
             "aggregate_tok_s": (med(s, "aggregate_tok_s"), med(h, "aggregate_tok_s"), "higher"),
             "peak_rss_1_stream_bytes": (med(g, "peak_rss_bytes"), None, "lower"),
             "peak_rss_bytes": (med(s, "peak_rss_bytes"), med(h, "peak_rss_bytes"), "lower"),
@@ -1575,6 +1583,7 @@ LABELS = {
     "encoder_s": "  of which {media} encoder (s)",
     "lm_prefill_s": "  of which LM prefill (s)",
     "decode_1_tok_s": "decode, 1 stream (tok/s)",
+    "decode_1_on_server_tok_s": "decode, 1 stream alone on the {streams}-slot server (tok/s; vs transformers' 1 stream)",
     "aggregate_tok_s": "decode, aggregate of {streams} streams (tok/s)",
     "end_to_end_tok_s": "output rate, {streams} streams incl. prefill (tok/s)",
     "peak_rss_1_stream_bytes": "peak RSS, `generate` 1 slot (GiB)",
