@@ -129,9 +129,9 @@ const ROUNDING: [&str; 10] = [
 const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles and vectorises each reduction; \
                            with --iree-llvmcpu-reassociate-fp-reductions in the backend, vector lanes are summed \
                            apart and then combined); qlinear over up to 8 rows reduces each output over \
-                           (groups, group_size) at once; linear_tiled (16-bit float weights in row tiles of 32) sums each output \
-                           over its inputs in order, one vector lane per output; linear over one row of \
-                           16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
+                           (groups, group_size) at once; linear_tiled (16-bit float weights in row tiles of 32) \
+                           sums each output over its inputs in order, one vector lane per output; linear over one \
+                           row of 16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
                            lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated)";
 
 /// The dequantization, as [`ContractDescriptor::dequantization`] states it.
