@@ -71,6 +71,8 @@ pub enum DecoderError {
     MissingExports(String),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("slot {0} is listed twice in one decode step")]
+    RepeatedSlot(usize),
     #[error("token id {token} is outside the vocabulary of {vocab}")]
     TokenOutOfRange { token: u32, vocab: usize },
     #[error("capacity {capacity} is not a positive multiple of the prefill chunk {chunk}")]
@@ -250,9 +252,8 @@ impl Decoder {
         let (artifact, outcome) = cache.get_or_compile(compiler, &request)?;
         let params = Parameters::new("model", checkpoint)?;
         let session = Session::new(device, Some(&params), &[&artifact])?;
-        let missing: Vec<&str> = graph::EXPORTS
-            .iter()
-            .map(|e| e.name)
+        let missing: Vec<String> = graph::export_names(shape.slots)
+            .into_iter()
             .filter(|name| session.function(&format!("decoder.{name}")).is_err())
             .collect();
         if !missing.is_empty() {
@@ -713,51 +714,76 @@ impl Decoder {
     /// One decode step for each `(slot, token)`; every slot listed appends
     /// one row. Returns each listed slot's logits, in order.
     ///
-    /// One slot alone runs `decode_one`, which computes that slot's row only; more run `decode`,
-    /// which computes a row for every slot (idle ones into a junk row).
+    /// The step runs the narrowest partial export (`decode_rows_W`, W = 1, 2, 4, … below the
+    /// slot count) that holds the listed slots, so it computes W rows rather than one for every
+    /// slot; more streams than the widest run `decode`, a row for every slot.
     pub fn decode(&mut self, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>, DecoderError> {
         let BundleShape { capacity, slots, .. } = self.options.shape;
-        for &(slot, token) in steps {
+        for (i, &(slot, token)) in steps.iter().enumerate() {
             self.check_slot(slot)?;
             self.check_tokens(&[token])?;
+            if steps[..i].iter().any(|&(s, _)| s == slot) {
+                return Err(DecoderError::RepeatedSlot(slot));
+            }
             if self.lens[slot] + 1 > capacity {
                 return Err(DecoderError::CapacityExceeded { used: self.lens[slot], adding: 1, capacity });
             }
         }
-        if let &[(slot, token)] = steps
-            && slots > 1
-        {
-            return Ok(vec![self.decode_one(slot, token)?]);
+        let Some(&(first, _)) = steps.first() else { return Ok(Vec::new()) };
+        // Idle slots and padding rows write a junk row into the last slack row, past every row a
+        // query can see, so the rows a released slot holds for a later prefix survive.
+        let junk = (self.options.shape.rows() - 1) as i32;
+        let partial = graph::decode_widths(slots).into_iter().find(|&w| w >= steps.len());
+        // Per call row: its slot, token and cache row.
+        let (rows, export) = match partial {
+            Some(width) => {
+                let mut rows: Vec<(usize, i32, i32)> =
+                    steps.iter().map(|&(slot, token)| (slot, token as i32, self.lens[slot] as i32)).collect();
+                // Padding rows: token 0 into the first listed slot's junk row.
+                rows.resize(width, (first, 0, junk));
+                (rows, graph::decode_rows_export(width))
+            }
+            None => {
+                let mut rows: Vec<(usize, i32, i32)> = (0..slots).map(|slot| (slot, 0, junk)).collect();
+                for &(slot, token) in steps {
+                    rows[slot] = (slot, token as i32, self.lens[slot] as i32);
+                }
+                (rows, "decode".to_owned())
+            }
+        };
+        let mut pos = vec![0i32; rows.len()];
+        for (r, &(slot, _, write)) in rows.iter().enumerate() {
+            if write != junk {
+                pos[r] = self.decode_position(slot)?;
+            }
         }
-        let mut ids = vec![0i32; slots];
-        let mut pos = vec![0i32; slots];
-        let mut write = vec![0i32; slots];
-        for &(slot, _) in steps {
-            pos[slot] = self.decode_position(slot)?;
-        }
-        // Idle slots write a junk row into the last slack row, past every row a query can see,
-        // so the rows a released slot holds for a later prefix survive.
-        write.fill((self.options.shape.rows() - 1) as i32);
-        for &(slot, token) in steps {
-            ids[slot] = token as i32;
-            write[slot] = self.lens[slot] as i32;
-        }
+        let ids: Vec<i32> = rows.iter().map(|r| r.1).collect();
+        let write: Vec<i32> = rows.iter().map(|r| r.2).collect();
         let queries: Vec<usize> = write.iter().map(|&w| w as usize).collect();
-        let mask = self.masks(&queries, &[])?;
-        let args = [
-            HostTensor::from_slice(vec![slots], &ids)?,
+        let n = rows.len();
+        let mut args = vec![
+            HostTensor::from_slice(vec![n], &ids)?,
             self.decode_positions(&pos)?,
-            HostTensor::from_slice(vec![slots], &write)?,
-            mask,
+            HostTensor::from_slice(vec![n], &write)?,
+            self.masks(&queries, &[])?,
         ];
-        let out = self.session.call("decoder.decode", &args.iter().map(Arg::from).collect::<Vec<_>>())?;
+        if partial.is_some() {
+            // decode_rows_W: tokens, pos, masks, slots, write.
+            let listed: Vec<i32> = rows.iter().map(|r| r.0 as i32).collect();
+            let write = args.remove(2);
+            args.push(HostTensor::from_slice(vec![n], &listed)?);
+            args.push(write);
+        }
+        let out = self.session.call(&format!("decoder.{export}"), &args.iter().map(Arg::from).collect::<Vec<_>>())?;
         let all: Vec<f32> = out[0].to_host()?.to_vec()?;
         let vocab = self.config.vocab;
         let mut result = Vec::with_capacity(steps.len());
-        for &(slot, _) in steps {
+        for (i, &(slot, _)) in steps.iter().enumerate() {
+            // A partial call's row i is step i; `decode`'s row b is slot b.
+            let r = if partial.is_some() { i } else { slot };
             self.lens[slot] += 1;
             self.held[slot] = self.lens[slot];
-            result.push(all[slot * vocab..(slot + 1) * vocab].to_vec());
+            result.push(all[r * vocab..(r + 1) * vocab].to_vec());
         }
         Ok(result)
     }
@@ -766,23 +792,6 @@ impl Decoder {
     fn decode_position(&self, slot: usize) -> Result<i32, DecoderError> {
         let at = self.lens[slot] as i64 + self.deltas[slot];
         i32::try_from(at).map_err(|_| DecoderError::Positions(format!("position {at} overflows i32")))
-    }
-
-    /// One decode step of `slot` alone (checked by [`Self::decode`]).
-    fn decode_one(&mut self, slot: usize, token: u32) -> Result<Vec<f32>, DecoderError> {
-        let write = self.lens[slot];
-        let args = [
-            HostTensor::from_slice(vec![1], &[token as i32])?,
-            self.decode_positions(&[self.decode_position(slot)?])?,
-            self.masks(&[write], &[])?,
-            HostTensor::scalar(slot as i32),
-            HostTensor::scalar(write as i32),
-        ];
-        let out = self.session.call("decoder.decode_one", &args.iter().map(Arg::from).collect::<Vec<_>>())?;
-        let logits: Vec<f32> = out[0].to_host()?.to_vec()?;
-        self.lens[slot] += 1;
-        self.held[slot] = self.lens[slot];
-        Ok(logits)
     }
 }
 

@@ -513,32 +513,44 @@ fn two_slots_decode_together_as_each_alone() {
     assert_eq!(again, a.greedy, "reused slot");
 }
 
-/// A lone slot's step runs `decode_one`, which computes that slot's row only: each step gives
-/// the logits the all-slot `decode` gives the same step beside another slot (dense f32 and MLX
-/// 4-bit weights), and the other slot's cache rows stay as they were.
+/// A step of fewer streams than slots runs a partial export (`decode_rows_W`) that computes a
+/// row for each listed slot only (and padding rows up to W): on an 8-slot bundle, one stream
+/// (W = 1), three in an arbitrary order (W = 4, one padding row) and seven (`decode`, every
+/// slot) each give the logits of the same streams stepped beside all 8 slots (dense f32 and MLX
+/// 4-bit weights) and the golden tokens, and the slots not listed keep their cache rows.
 #[test]
-fn a_lone_slot_decodes_as_it_does_beside_another() {
+fn fewer_streams_than_slots_decode_as_beside_every_slot() {
+    let shape = BundleShape { slots: 8, ..SHAPE };
     for name in ["qwen2", "qwen3_mlx_q4"] {
-        let (a, b) = (golden(name, "short"), golden(name, "long"));
-        let mut alone = load(name, SHAPE);
-        let mut beside = load(name, SHAPE);
-        for dec in [&mut alone, &mut beside] {
-            dec.prefill_tokens(0, &a.input_ids, Logits::Last).expect("prefill a");
-            dec.prefill_tokens(1, &b.input_ids, Logits::Last).expect("prefill b");
+        let prompts = [golden(name, "short"), golden(name, "long")];
+        let g = |slot: usize| &prompts[slot % 2];
+        for listed in [&[6][..], &[5, 2, 6], &[0, 1, 2, 3, 4, 5, 7]] {
+            let (mut part, mut full) = (load(name, shape), load(name, shape));
+            for dec in [&mut part, &mut full] {
+                for slot in 0..8 {
+                    dec.prefill_tokens(slot, &g(slot).input_ids, Logits::Last).expect("prefill");
+                }
+            }
+            let idle: Vec<(usize, Vec<f32>)> =
+                (0..8).filter(|s| !listed.contains(s)).map(|s| (s, part.kv_slot(s).expect("kv"))).collect();
+            for step in 0..4 {
+                let some: Vec<(usize, u32)> = listed.iter().map(|&s| (s, g(s).greedy[step])).collect();
+                let every: Vec<(usize, u32)> = (0..8).map(|s| (s, g(s).greedy[step])).collect();
+                let got = part.decode(&some).expect("some slots");
+                let want = full.decode(&every).expect("every slot");
+                for (&slot, one) in listed.iter().zip(&got) {
+                    let what = format!("{name}: slots {listed:?}, slot {slot}, step {step}");
+                    let diff = one.iter().zip(&want[slot]).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                    assert!(diff <= 1e-4, "{what}: differs from the all-slot step by {diff}");
+                    assert_eq!(argmax(one), g(slot).greedy[step + 1], "{what}: the golden token");
+                    assert_eq!(part.len(slot), full.len(slot), "{what}: length");
+                }
+            }
+            for (slot, rows) in idle {
+                assert_eq!(part.kv_slot(slot).expect("kv"), rows, "{name}: slots {listed:?}: slot {slot}'s rows");
+                assert_eq!(part.len(slot), g(slot).input_ids.len(), "{name}: slots {listed:?}: slot {slot}'s length");
+            }
         }
-        let other = alone.kv_slot(1).expect("slot 1");
-        let (mut next, mut steps) = (a.greedy[0], 0);
-        for &want in &a.greedy[1..] {
-            let one = alone.decode(&[(0, next)]).expect("alone").remove(0);
-            let both = beside.decode(&[(0, next), (1, b.greedy[0])]).expect("beside").remove(0);
-            let diff = one.iter().zip(&both).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-            assert!(diff <= 1e-4, "{name}: step {steps}: alone and beside differ by {diff}");
-            assert_eq!(argmax(&one), want, "{name}: step {steps}: the golden token");
-            next = want;
-            steps += 1;
-        }
-        assert_eq!(alone.kv_slot(1).expect("slot 1"), other, "{name}: slot 1's rows");
-        assert_eq!(alone.len(0), a.input_ids.len() + steps, "{name}: slot 0's length");
     }
 }
 
@@ -573,6 +585,7 @@ fn bad_requests_get_their_own_errors_and_change_nothing() {
         (dec.prefill_tokens(1, &vec![1; SHAPE.capacity + 1], Logits::All).map(drop), "CapacityExceeded"),
         (dec.decode(&[(5, 1)]).map(drop), "SlotOutOfRange"),
         (dec.decode(&[(0, 9999)]).map(drop), "TokenOutOfRange"),
+        (dec.decode(&[(0, 1), (0, 1)]).map(drop), "RepeatedSlot"),
     ];
     for (result, want) in cases {
         let err = result.expect_err(want);

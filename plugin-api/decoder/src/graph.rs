@@ -25,7 +25,8 @@
 use std::cell::RefCell;
 
 use mlxcel_emit::{
-    AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, Type, Value, tiled_key, tiled_shape,
+    AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, QLINEAR_FUSED_MAX_ROWS, Type, Value,
+    tiled_key, tiled_shape,
 };
 
 use crate::config::{Activation, LayerKind, TextConfig};
@@ -63,7 +64,7 @@ impl BundleShape {
 /// The decoder ABI's version: the exports below, their arguments and results. Part of the
 /// plugin ABI (a plugin's spec is emitted through it) and of every bundle's compile-cache
 /// fingerprint; bumped whenever an export changes.
-pub const DECODER_ABI: u32 = 5;
+pub const DECODER_ABI: u32 = 6;
 
 /// One export of a decoder bundle: its name and, in order, what its arguments and results are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,12 +96,36 @@ pub const EXPORTS: [Export; 8] = [
         results: &["logits[S,V]"],
     },
     Export {
-        name: "decode_one",
-        args: &["token[1]", "pos[1|3,1]", "masks[K,1,C]", "slot", "write"],
-        results: &["logits[1,V]"],
+        name: "decode_rows_{W}",
+        args: &["tokens[W]", "pos[W|3,W]", "masks[K,W,C]", "slots[W]", "write[W]"],
+        results: &["logits[W,V]"],
     },
     Export { name: "kv_slot", args: &["slot"], results: &["kv[slot layout]"] },
 ];
+
+/// The widths of the partial decode steps a bundle of `slots` slots exports besides `decode`
+/// (which computes a row for every slot): 1, 2, 4, … below `slots`. A step of n streams runs
+/// the narrowest that holds n, so a few streams on a many-slot server compute few rows.
+pub fn decode_widths(slots: usize) -> Vec<usize> {
+    (0..usize::BITS).map(|k| 1usize << k).take_while(|&w| w < slots).collect()
+}
+
+/// The export that runs a decode step of `width` rows, each row naming its slot.
+pub fn decode_rows_export(width: usize) -> String {
+    format!("decode_rows_{width}")
+}
+
+/// Every export a bundle of `slots` slots has, by name (the `{W}` of [`EXPORTS`] resolved to
+/// each of [`decode_widths`]).
+pub fn export_names(slots: usize) -> Vec<String> {
+    EXPORTS
+        .iter()
+        .flat_map(|e| match e.name.strip_suffix("{W}") {
+            Some(_) => decode_widths(slots).into_iter().map(decode_rows_export).collect(),
+            None => vec![e.name.to_owned()],
+        })
+        .collect()
+}
 
 /// [`DECODER_ABI`] and [`EXPORTS`] as one line, for fingerprints and messages.
 pub fn abi_schema() -> String {
@@ -332,6 +357,8 @@ enum Slots {
     One(Value),
     /// Row `b` uses slot `b`: decode.
     All,
+    /// Row `b` uses the slot (runtime index) `slots[b]`: a decode step of some of the slots.
+    Listed(Vec<Value>),
 }
 
 /// Where a layer's attention writes and reads the cache: its layer, the slots of the call's
@@ -611,14 +638,18 @@ pub fn emit_bundle(
     let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
     m.add_func(f, &[hidden]);
 
-    // decode_one: one token for one slot, so a lone stream does not pay for a row of every slot
-    // (`decode` computes all S rows whichever are in use).
-    let (mut f, a) = m.func("decode_one", &[i32s(1), pos_ty(1), mask(1), scalar.clone(), scalar]);
-    let x = e.embed(&mut f, &a[0]);
-    let x = f.reshape(&x, &[1, 1, h]);
-    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
-    let logits = e.head(&mut f, &hidden);
-    m.add_func(f, &[logits]);
+    // decode_rows_W: one token for each of W listed slots, so a few streams do not pay for a
+    // row of every slot (`decode` computes all S rows whichever are in use).
+    for width in decode_widths(s) {
+        let (mut f, a) =
+            m.func(&decode_rows_export(width), &[i32s(width), pos_ty(width), mask(width), i32s(width), i32s(width)]);
+        let x = e.embed(&mut f, &a[0]);
+        let x = f.reshape(&x, &[width, 1, h]);
+        let (slots, writes) = (f.scalars(&a[3]), f.scalars(&a[4]));
+        let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::Listed(slots), &writes, None, Some(&a[0]));
+        let logits = e.head(&mut f, &hidden);
+        m.add_func(f, &[logits]);
+    }
 
     // logits: the head over every row of a prefill's hidden state.
     let (mut f, a) = m.func("logits", &[contract.act(&[t, h])]);
@@ -647,12 +678,7 @@ pub fn emit_bundle(
     let (mut f, a) = m.func("decode", &[i32s(s), pos_ty(s), i32s(s), mask(s)]);
     let x = e.embed(&mut f, &a[0]);
     let x = f.reshape(&x, &[s, 1, h]);
-    let writes: Vec<Value> = (0..s)
-        .map(|b| {
-            let one = f.slice(&a[2], &[b], &[b + 1]);
-            f.reshape(&one, &[])
-        })
-        .collect();
+    let writes = f.scalars(&a[2]);
     let hidden = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None, Some(&a[0]));
     let logits = e.head(&mut f, &hidden);
     m.add_func(f, &[logits]);
@@ -715,14 +741,32 @@ impl Emitter<'_> {
                 f.convert(&rows, self.c.activations)
             }
             LoadedLin::Affine(table) => {
-                let rows = AffineWeight {
-                    q: f.gather_rows(&table.q, tokens),
-                    scales: f.gather_rows(&table.scales, tokens),
-                    biases: f.gather_rows(&table.biases, tokens),
-                    group_size: table.group_size,
+                let dequantized = |f: &mut Func, ids: &Value| {
+                    let rows = AffineWeight {
+                        q: f.gather_rows(&table.q, ids),
+                        scales: f.gather_rows(&table.scales, ids),
+                        biases: f.gather_rows(&table.biases, ids),
+                        group_size: table.group_size,
+                    };
+                    let d = self.c.dequantize(f, &rows);
+                    f.reshape(&d, &rows.shape())
                 };
-                let d = self.c.dequantize(f, &rows);
-                let d = f.reshape(&d, &rows.shape());
+                // IREE 3.13 fails to compile one gather of 4 to 7 packed 4-bit rows of some
+                // widths (1536: a `vector.maskedstore` of 15 i4 lanes it cannot legalize, whether
+                // gathered as nibbles or as bytes); it compiles a gather of one row, so a decode
+                // step's rows are gathered and dequantized one by one (the same arithmetic).
+                let n = tokens.shape()[0];
+                let d = if n > 1 && n <= QLINEAR_FUSED_MAX_ROWS {
+                    let rows: Vec<Value> = (0..n)
+                        .map(|r| {
+                            let id = f.slice(tokens, &[r], &[r + 1]);
+                            dequantized(f, &id)
+                        })
+                        .collect();
+                    f.concat(&rows, 0)
+                } else {
+                    dequantized(f, tokens)
+                };
                 f.convert(&d, self.c.activations)
             }
         }
@@ -1120,6 +1164,7 @@ impl Emitter<'_> {
             let slot = match at.slots {
                 Slots::One(s) => s.clone(),
                 Slots::All => idx(f, row),
+                Slots::Listed(slots) => slots[row].clone(),
             };
             let start = [lidx.clone(), widx.clone(), slot, write.clone(), zero.clone(), zero.clone()];
             cache = f.dynamic_update_slice(&cache, &part, &start);
@@ -1132,12 +1177,17 @@ impl Emitter<'_> {
     fn read_cache(&self, f: &mut Func, cache: &Value, at: &CacheAt, plane: usize, n: usize, d: usize) -> Value {
         let cap = self.shape.rows();
         let idx = |f: &mut Func, v: usize| f.splat(&Type::scalar(Elem::I32), v as f64);
+        let one = |f: &mut Func, s: &Value| {
+            let (zero, lidx, widx) = (idx(f, 0), idx(f, at.layer), idx(f, plane));
+            let start = [lidx, widx, s.clone(), zero.clone(), zero.clone(), zero];
+            let r = f.dynamic_slice(cache, &start, &[1, 1, 1, cap, n, d]);
+            f.reshape(&r, &[1, cap, n, d])
+        };
         match at.slots {
-            Slots::One(s) => {
-                let (zero, lidx, widx) = (idx(f, 0), idx(f, at.layer), idx(f, plane));
-                let start = [lidx, widx, s.clone(), zero.clone(), zero.clone(), zero];
-                let r = f.dynamic_slice(cache, &start, &[1, 1, 1, cap, n, d]);
-                f.reshape(&r, &[1, cap, n, d])
+            Slots::One(s) => one(f, s),
+            Slots::Listed(slots) => {
+                let rows: Vec<Value> = slots.iter().map(|s| one(f, s)).collect();
+                if rows.len() == 1 { rows[0].clone() } else { f.concat(&rows, 0) }
             }
             Slots::All => {
                 let (l, all) = (at.layer, self.shape.slots);

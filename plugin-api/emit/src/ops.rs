@@ -257,6 +257,20 @@ impl Func {
         self.emit(out.clone(), format!("stablehlo.slice {} [{}] : ({}) -> {out}", x.name(), ranges.join(", "), x.ty))
     }
 
+    /// Each element of a rank-1 `x`, as a rank-0 value (runtime indices from an argument).
+    pub fn scalars(&mut self, x: &Value) -> Vec<Value> {
+        if x.ty.rank() != 1 {
+            self.fail("scalars", format!("{} is not rank 1", x.ty), Type::scalar(x.ty.elem));
+            return Vec::new();
+        }
+        (0..x.ty.shape[0])
+            .map(|i| {
+                let one = self.slice(x, &[i], &[i + 1]);
+                self.reshape(&one, &[])
+            })
+            .collect()
+    }
+
     fn check_indices(&mut self, op: &str, x: &Value, indices: &[Value]) -> bool {
         if indices.len() != x.ty.rank() || indices.iter().any(|i| i.ty != Type::scalar(Elem::I32)) {
             self.fail(op, format!("{} indices for {}; each must be tensor<i32>", indices.len(), x.ty), x.ty.clone());
