@@ -521,19 +521,25 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
         if len(r["stamps"]) != args.new:
             raise RuntimeError(f"the lone stream did not yield {args.new} tokens")
         lone = (args.new - 1) / (r["stamps"][-1] - r["stamps"][0])
-        results: list[dict | None] = [None] * args.streams
 
-        def one(i):
-            results[i] = sse_request(addr, chat_body(model, w.stream_prompts[i], args.new))
+        def concurrent(n: int) -> dict:
+            results: list[dict | None] = [None] * n
 
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(args.streams)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if any(r is None or len(r["stamps"]) != args.new for r in results):
-            raise RuntimeError(f"a stream did not yield {args.new} tokens")
-        agg = window_rate(results)
+            def one(i):
+                results[i] = sse_request(addr, chat_body(model, w.stream_prompts[i], args.new))
+
+            ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            if any(r is None or len(r["stamps"]) != args.new for r in results):
+                raise RuntimeError(f"a stream did not yield {args.new} tokens")
+            return window_rate(results)
+
+        # A few streams on the S-slot server: 2 and S/2 (their steps run a partial decode of that many rows).
+        few = {n: concurrent(n)["aggregate_tok_s"] for n in sorted({2, args.streams // 2}) if 1 < n < args.streams}
+        agg = concurrent(args.streams)
         wall = time.perf_counter() - t0
         # The client's own parsing counts as ours, not foreign.
         own = _cpu_s(p.p.pid) + _self_cpu_s() - cpu0
@@ -546,6 +552,7 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
     res = p.wait()
     return {"load_s": load_s, "ttft_image_s": ttft_image, "ttft_text_same_rows_s": ttft_text,
             "encoder_derived_s": ttft_image - ttft_text, "streams": args.streams, "lone_stream_tok_s": lone,
+            "two_streams_tok_s": few.get(2), "half_streams_tok_s": few.get(args.streams // 2),
             "aggregate_tok_s": agg["aggregate_tok_s"], "end_to_end_tok_s": agg["end_to_end_tok_s"],
             "peak_rss_bytes": res["peak_rss_bytes"], "foreign_cores": max(foreign, 0.0)}
 
@@ -1412,6 +1419,8 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
         "lm_prefill_s": (med(s, "ttft_text_same_rows_s"), med(h, "lm_prefill_s"), "lower"),
         "decode_1_tok_s": (med(g, "decode_tok_s"), med(h, "decode_tok_s"), "higher"),
         "decode_1_on_server_tok_s": (med(s, "lone_stream_tok_s"), med(h, "decode_tok_s"), "higher"),
+        "decode_2_on_server_tok_s": (med(s, "two_streams_tok_s"), None, "higher"),
+        "decode_half_on_server_tok_s": (med(s, "half_streams_tok_s"), None, "higher"),
         "aggregate_tok_s": (med(s, "aggregate_tok_s"), med(h, "aggregate_tok_s"), "higher"),
         "end_to_end_tok_s": (med(s, "end_to_end_tok_s"), med(h, "end_to_end_tok_s"), "higher"),
         "peak_rss_1_stream_bytes": (med(g, "peak_rss_bytes"), None, "lower"),
@@ -1545,6 +1554,10 @@ def summarize_extra(extra: dict, w: Workload, args, bw) -> dict:
             "lm_prefill_s": (med(s, "ttft_text_same_rows_s"), med(h, "lm_prefill_s"), "lower"),
             "decode_1_tok_s": (med(g, "decode_tok_s"), med(h, "decode_tok_s"), "higher"),
             "decode_1_on_server_tok_s": (med(s, "lone_stream_tok_s"), med(h, "decode_tok_s"), "higher"),
+            "decode_2_on_server_tok_s": (med(s, "two_streams_tok_s"), None, "higher"),
+            "decode_half_on_server_tok_s": (med(s, "half_streams_tok_s"), None, "higher"),
+        "decode_2_on_server_tok_s": (med(s, "two_streams_tok_s"), None, "higher"),
+        "decode_half_on_server_tok_s": (med(s, "half_streams_tok_s"), None, "higher"),
             "aggregate_tok_s": (med(s, "aggregate_tok_s"), med(h, "aggregate_tok_s"), "higher"),
             "peak_rss_1_stream_bytes": (med(g, "peak_rss_bytes"), None, "lower"),
             "peak_rss_bytes": (med(s, "peak_rss_bytes"), med(h, "peak_rss_bytes"), "lower"),
@@ -1584,6 +1597,8 @@ LABELS = {
     "lm_prefill_s": "  of which LM prefill (s)",
     "decode_1_tok_s": "decode, 1 stream (tok/s)",
     "decode_1_on_server_tok_s": "decode, 1 stream alone on the {streams}-slot server (tok/s; vs transformers' 1 stream)",
+    "decode_2_on_server_tok_s": "decode, aggregate of 2 streams on the {streams}-slot server (tok/s)",
+    "decode_half_on_server_tok_s": "decode, aggregate of {half} streams on the {streams}-slot server (tok/s)",
     "aggregate_tok_s": "decode, aggregate of {streams} streams (tok/s)",
     "end_to_end_tok_s": "output rate, {streams} streams incl. prefill (tok/s)",
     "peak_rss_1_stream_bytes": "peak RSS, `generate` 1 slot (GiB)",
@@ -1601,7 +1616,7 @@ def print_table(r: dict) -> None:
         lim = None
         if r["limits"] and k in ("decode_1_tok_s", "aggregate_tok_s"):
             lim = (r["limits"]["copy"][k], r["limits"]["read"][k])
-        rows.append((LABELS[k].format(streams=r["streams"], media=r.get("media", "image")), k, v["mlxcel"], v["hf"],
+        rows.append((LABELS[k].format(streams=r["streams"], half=r["streams"] // 2, media=r.get("media", "image")), k, v["mlxcel"], v["hf"],
                      r["ratios"].get(k), lim))
     extra = []
     if r.get("llama_cpp"):
@@ -1646,7 +1661,7 @@ def print_bf16(v: dict, r: dict) -> None:
     for k, m in v["metrics"].items():
         lim = (v["limits"]["copy"], v["limits"]["read"]) if k == "decode_1_tok_s" and v.get("limits") else None
         label = "peak RSS, `generate` 1 slot / HF process (GiB)" if k == "peak_rss_1_stream_bytes" else LABELS[k]
-        rows.append((label.format(streams=r["streams"], media=r.get("media", "image")), k, m["mlxcel"], m["hf"],
+        rows.append((label.format(streams=r["streams"], half=r["streams"] // 2, media=r.get("media", "image")), k, m["mlxcel"], m["hf"],
                      m["ratio"], lim))
     print_rows(rows)
 
@@ -1660,7 +1675,7 @@ def print_q4(v: dict, r: dict) -> None:
         lim = None
         if v.get("limits") and k in ("decode_1_tok_s", "aggregate_tok_s"):
             lim = (v["limits"]["copy"][k], v["limits"]["read"][k])
-        rows.append((LABELS[k].format(streams=r["streams"], media=r.get("media", "image")), k, m["mlxcel"], m["hf"],
+        rows.append((LABELS[k].format(streams=r["streams"], half=r["streams"] // 2, media=r.get("media", "image")), k, m["mlxcel"], m["hf"],
                      m["ratio"], lim))
     print_rows(rows)
     if v.get("bytes_per_step_1"):
@@ -1685,13 +1700,13 @@ def print_ratios(r: dict) -> None:
           f"(x, > 1 = mlxcel-host better); "
           f"same prompt ids: {r['same_prompt_ids']}")
     for k, v in r["ratios"].items():
-        label = LABELS[k].format(streams=r["streams"], media=r.get("media", "image")).split(" (")[0]
+        label = LABELS[k].format(streams=r["streams"], half=r["streams"] // 2, media=r.get("media", "image")).split(" (")[0]
         print(f"  {label:<48} {v:.2f}")
     if r.get("ratios_llama_cpp"):
         print(f"  mlxcel-host advantage over llama.cpp {r['dtype']} (same prompt ids: "
               f"{r['llama_cpp']['same_prompt_ids']}):")
         for k, v in r["ratios_llama_cpp"].items():
-            label = LABELS[k].format(streams=r["streams"], media=r.get("media", "image")).split(" (")[0]
+            label = LABELS[k].format(streams=r["streams"], half=r["streams"] // 2, media=r.get("media", "image")).split(" (")[0]
             print(f"  {label:<48} {v:.2f}")
 
 
