@@ -761,19 +761,15 @@ impl Decoder {
         let write: Vec<i32> = rows.iter().map(|r| r.2).collect();
         let queries: Vec<usize> = write.iter().map(|&w| w as usize).collect();
         let n = rows.len();
-        let mut args = vec![
-            HostTensor::from_slice(vec![n], &ids)?,
-            self.decode_positions(&pos)?,
-            HostTensor::from_slice(vec![n], &write)?,
-            self.masks(&queries, &[])?,
-        ];
-        if partial.is_some() {
-            // decode_rows_W: tokens, pos, masks, slots, write.
-            let listed: Vec<i32> = rows.iter().map(|r| r.0 as i32).collect();
-            let write = args.remove(2);
-            args.push(HostTensor::from_slice(vec![n], &listed)?);
-            args.push(write);
-        }
+        let (tokens, pos) = (HostTensor::from_slice(vec![n], &ids)?, self.decode_positions(&pos)?);
+        let (write, masks) = (HostTensor::from_slice(vec![n], &write)?, self.masks(&queries, &[])?);
+        let args = match partial {
+            Some(_) => {
+                let listed: Vec<i32> = rows.iter().map(|r| r.0 as i32).collect();
+                vec![tokens, pos, masks, HostTensor::from_slice(vec![n], &listed)?, write]
+            }
+            None => vec![tokens, pos, write, masks],
+        };
         let out = self.session.call(&format!("decoder.{export}"), &args.iter().map(Arg::from).collect::<Vec<_>>())?;
         let all: Vec<f32> = out[0].to_host()?.to_vec()?;
         let vocab = self.config.vocab;
