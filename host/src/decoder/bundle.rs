@@ -252,7 +252,7 @@ impl Decoder {
         let (artifact, outcome) = cache.get_or_compile(compiler, &request)?;
         let params = Parameters::new("model", checkpoint)?;
         let session = Session::new(device, Some(&params), &[&artifact])?;
-        let missing: Vec<String> = graph::export_names(shape.slots)
+        let missing: Vec<String> = graph::export_names(shape)
             .into_iter()
             .filter(|name| session.function(&format!("decoder.{name}")).is_err())
             .collect();
@@ -594,15 +594,16 @@ impl Decoder {
     }
 
     /// Rows `start..start + real` of every injection, zero-padded to the
-    /// chunk: `[K, chunk, H]` (zeros when the prompt has none).
+    /// call's `chunk` rows: `[K, chunk, H]` (zeros when the prompt has none).
     fn injection_chunk(
         &self,
         x: &HostTensor,
         extras: &Extras,
         start: usize,
         real: usize,
+        chunk: usize,
     ) -> Result<HostTensor, DecoderError> {
-        let (chunk, k, h) = (self.options.shape.chunk, self.config.injected_layers, self.config.hidden);
+        let (k, h) = (self.config.injected_layers, self.config.hidden);
         let row = x.bytes().len() / x.shape()[0];
         let mut bytes = vec![0u8; k * chunk * row];
         for (i, t) in extras.injections.iter().enumerate() {
@@ -652,45 +653,51 @@ impl Decoder {
         self.lens[slot] = part.start;
         self.held[slot] = part.start;
         self.deltas[slot] = next - n as i64;
+        // Every row's logits come from `logits`, over a whole chunk; otherwise a call runs the
+        // narrowest prefill export that holds its rows (the rows past them are padding, written
+        // into slack cache rows no query sees, as a whole chunk's are).
+        let narrower = if rows == Logits::All { Vec::new() } else { graph::prefill_widths(chunk) };
         for (start, real) in calls {
+            let width = narrower.iter().copied().find(|&w| w >= real).unwrap_or(chunk);
             let first = match input {
                 Prefill::Tokens(ids) => {
                     let mut part = ids[start..start + real].to_vec();
-                    part.resize(chunk, 0);
-                    HostTensor::from_slice(vec![chunk], &part)?
+                    part.resize(width, 0);
+                    HostTensor::from_slice(vec![width], &part)?
                 }
                 Prefill::Embeddings(x, _) => {
                     let row = x.bytes().len() / n;
                     let mut part = x.bytes()[start * row..(start + real) * row].to_vec();
-                    part.resize(chunk * row, 0);
-                    HostTensor::from_bytes(x.dtype(), vec![chunk, self.config.hidden], part)?
+                    part.resize(width * row, 0);
+                    HostTensor::from_bytes(x.dtype(), vec![width, self.config.hidden], part)?
                 }
             };
-            let pos = chunk_positions(&streams, start, real, chunk)?;
+            let pos = chunk_positions(&streams, start, real, width)?;
             let mut args = vec![
                 first,
                 pos,
-                self.masks(&(start..start + chunk).collect::<Vec<_>>(), groups)?,
+                self.masks(&(start..start + width).collect::<Vec<_>>(), groups)?,
                 HostTensor::scalar(slot as i32),
                 HostTensor::scalar(start as i32),
             ];
             if let Prefill::Embeddings(x, extras) = input
                 && self.config.injected_layers > 0
             {
-                args.push(self.injection_chunk(x, extras, start, real)?);
+                args.push(self.injection_chunk(x, extras, start, real, width)?);
             }
             if let Prefill::Embeddings(_, extras) = input
                 && self.config.per_layer_inputs.is_some()
             {
                 let mut part: Vec<i32> = extras.row_tokens[start..start + real].iter().map(|&t| t as i32).collect();
-                part.resize(chunk, 0);
-                args.push(HostTensor::from_slice(vec![chunk], &part)?);
+                part.resize(width, 0);
+                args.push(HostTensor::from_slice(vec![width], &part)?);
             }
             let function = match input {
-                Prefill::Tokens(_) => "decoder.prefill_tokens",
-                Prefill::Embeddings(..) => "decoder.prefill_embeddings",
+                Prefill::Tokens(_) => graph::prefill_export("prefill_tokens", width, chunk),
+                Prefill::Embeddings(..) => graph::prefill_export("prefill_embeddings", width, chunk),
             };
-            let out = self.session.call(function, &args.iter().map(Arg::from).collect::<Vec<_>>())?;
+            let out =
+                self.session.call(&format!("decoder.{function}"), &args.iter().map(Arg::from).collect::<Vec<_>>())?;
             let hidden = Arg::Device(&out[0]);
             match rows {
                 Logits::All => {
@@ -700,7 +707,8 @@ impl Decoder {
                 }
                 Logits::Last if start + real == n => {
                     let row = HostTensor::scalar((real - 1) as i32);
-                    let head = self.session.call("decoder.logits_at", &[hidden, Arg::from(&row)])?;
+                    let at = format!("decoder.{}", graph::prefill_export("logits_at", width, chunk));
+                    let head = self.session.call(&at, &[hidden, Arg::from(&row)])?;
                     logits = head[0].to_host()?.to_vec()?;
                 }
                 Logits::Last => {}

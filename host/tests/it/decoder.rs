@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use mlxcel_host::decoder::{
-    BundleShape, Decoder, DecoderError, DecoderOptions, Extras, Logits, Positions, chunk_spans,
+    BundleShape, Decoder, DecoderError, DecoderOptions, Extras, Logits, Positions, chunk_spans, graph,
 };
 use mlxcel_shim::{CompileCache, Compiler, Device, Driver};
 
@@ -556,20 +556,44 @@ fn fewer_streams_than_slots_decode_as_beside_every_slot() {
 
 /// Serving asks for the last row's logits only (`logits_at`); they are the
 /// last row of the every-row logits verification compares, for a prompt
-/// longer than one chunk.
+/// longer than one chunk. Its last call runs the narrowest prefill export that
+/// holds its rows (8, 16 or the whole 32 here), which computes a prompt's rows
+/// in the same form at every width (`Rows::Prompt`): the same bits as in whole
+/// chunks, on the token path and the embeddings path.
 #[test]
 fn last_row_logits_are_the_last_row_of_all() {
     let mut dec = load("qwen2", SHAPE);
     let g = golden("qwen2", "long");
-    assert!(g.input_ids.len() > SHAPE.chunk, "the prompt spans chunks");
-    let vocab = dec.config().vocab;
-    let all = dec.prefill_tokens(0, &g.input_ids, Logits::All).expect("all rows");
-    let last = dec.prefill_tokens(1, &g.input_ids, Logits::Last).expect("last row");
-    assert_eq!(all.len(), g.input_ids.len() * vocab);
-    assert_eq!(last.len(), vocab);
-    let diff = last.iter().zip(&all[all.len() - vocab..]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    assert!(diff <= 1e-5, "last row differs from all rows' last by {diff}");
-    assert_eq!(dec.len(0), dec.len(1));
+    assert!(g.input_ids.len() > SHAPE.chunk + 20, "the prompt spans chunks");
+    assert_eq!(graph::prefill_widths(SHAPE.chunk), [8, 16]);
+    let (vocab, hidden) = (dec.config().vocab, dec.config().hidden);
+    // Last calls of 5, 8 (width 8), 12 (16) and 20 rows (the chunk), then the whole prompt.
+    let mut lengths: Vec<usize> = [5, 8, 12, 20].iter().map(|r| SHAPE.chunk + r).collect();
+    lengths.push(g.input_ids.len());
+    for n in lengths {
+        let prompt = &g.input_ids[..n];
+        let all = dec.prefill_tokens(0, prompt, Logits::All).expect("all rows");
+        let last = dec.prefill_tokens(1, prompt, Logits::Last).expect("last row");
+        assert_eq!(all.len(), n * vocab);
+        assert_eq!(last.len(), vocab);
+        assert!(last == all[all.len() - vocab..], "{n} rows: the last row differs from all rows' last");
+        assert_eq!(dec.len(0), dec.len(1));
+        // Both caches hold the same rows: a step from each sees the same.
+        let next = argmax(&last);
+        let step = dec.decode(&[(0, next), (1, next)]).expect("decode");
+        assert!(step[0] == step[1], "{n} rows: the next step differs");
+        dec.release(1).expect("release 1");
+        // The embeddings path's narrow exports, from the same rows.
+        let x = dec.embed(prompt).expect("embed");
+        let x = Decoder::scale_embeddings(&x, dec.embed_scale()).expect("scale");
+        assert_eq!(x.shape(), [n, hidden]);
+        let from_x = dec
+            .prefill_embeddings(1, &x, &Positions::Sequential, &Extras::default(), Logits::Last)
+            .expect("embeddings");
+        assert!(from_x == last, "{n} rows: the embeddings path's last row differs");
+        dec.release(0).expect("release 0");
+        dec.release(1).expect("release 1");
+    }
 }
 
 #[test]

@@ -7,6 +7,9 @@
 //! - `prefill_tokens(tokens[T], pos[T], mask[K, T, C], slot, start) -> hidden[T, H]`
 //! - `logits(hidden[T, H]) -> logits[T, V]`: every row (verification and tests)
 //! - `logits_at(hidden[T, H], row) -> logits[1, V]`: one row, what serving needs
+//! - `prefill_tokens_W`, `prefill_embeddings_W`, `logits_at_W`: the same over `W` rows, for
+//!   each narrower width `W` of [`prefill_widths`], so a prompt's last, short call is not
+//!   padded to a whole chunk
 //! - `decode(tokens[S], pos[S], write[S], mask[K, S, C]) -> logits[S, V]`
 //! - `kv_slot(slot) -> [L, 2, C, KVH, D]` (tests and diagnostics)
 //!
@@ -25,8 +28,8 @@
 use std::cell::RefCell;
 
 use mlxcel_emit::{
-    AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, QLINEAR_FUSED_MAX_ROWS, Type, Value,
-    tiled_key, tiled_shape,
+    AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, QLINEAR_FUSED_MAX_ROWS, Rows, Type,
+    Value, tiled_key, tiled_shape,
 };
 
 use crate::config::{Activation, LayerKind, TextConfig};
@@ -64,7 +67,7 @@ impl BundleShape {
 /// The decoder ABI's version: the exports below, their arguments and results. Part of the
 /// plugin ABI (a plugin's spec is emitted through it) and of every bundle's compile-cache
 /// fingerprint; bumped whenever an export changes.
-pub const DECODER_ABI: u32 = 6;
+pub const DECODER_ABI: u32 = 7;
 
 /// One export of a decoder bundle: its name and, in order, what its arguments and results are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +79,7 @@ pub struct Export {
 
 /// Every export a bundle has (the module is `decoder`, so `decoder.<name>`). `injections` is
 /// present when the spec has injected layers.
-pub const EXPORTS: [Export; 8] = [
+pub const EXPORTS: [Export; 11] = [
     Export { name: "embed", args: &["tokens[T]"], results: &["raw-rows[T,H]"] },
     Export {
         name: "prefill_tokens",
@@ -90,6 +93,17 @@ pub const EXPORTS: [Export; 8] = [
     },
     Export { name: "logits", args: &["hidden[T,H]"], results: &["logits[T,V]"] },
     Export { name: "logits_at", args: &["hidden[T,H]", "row"], results: &["logits[1,V]"] },
+    Export {
+        name: "prefill_tokens_{P}",
+        args: &["tokens[P]", "pos[P|3,P]", "masks[K,P,C]", "slot", "start"],
+        results: &["hidden[P,H]"],
+    },
+    Export {
+        name: "prefill_embeddings_{P}",
+        args: &["x[P,H]", "pos[P|3,P]", "masks[K,P,C]", "slot", "start", "injections[J,P,H]?", "tokens[P]?"],
+        results: &["hidden[P,H]"],
+    },
+    Export { name: "logits_at_{P}", args: &["hidden[P,H]", "row"], results: &["logits[1,V]"] },
     Export {
         name: "decode",
         args: &["tokens[S]", "pos[S|3,S]", "write[S]", "masks[K,S,C]"],
@@ -115,14 +129,36 @@ pub fn decode_rows_export(width: usize) -> String {
     format!("decode_rows_{width}")
 }
 
-/// Every export a bundle of `slots` slots has, by name (the `{W}` of [`EXPORTS`] resolved to
-/// each of [`decode_widths`]).
-pub fn export_names(slots: usize) -> Vec<String> {
+/// The narrower prefill calls a bundle of prefill chunk `chunk` exports besides the chunk's:
+/// a quarter and a half of it, when at least 8 rows. A prefill call runs the narrowest that
+/// holds its rows, so a prompt's last call (or a short prompt's only one) computes at most
+/// twice its rows rather than a whole chunk: a 75-row prompt in chunks of 64 computes 64 + 16
+/// rows, not 128.
+pub fn prefill_widths(chunk: usize) -> Vec<usize> {
+    let mut widths: Vec<usize> = [chunk / 4, chunk / 2].into_iter().filter(|&w| w >= 8 && w < chunk).collect();
+    widths.dedup();
+    widths
+}
+
+/// The export of `name` (`prefill_tokens`, `prefill_embeddings` or `logits_at`) over `width`
+/// rows: `name` itself at the chunk's width, `name_W` at a narrower one of [`prefill_widths`].
+pub fn prefill_export(name: &str, width: usize, chunk: usize) -> String {
+    if width == chunk { name.to_owned() } else { format!("{name}_{width}") }
+}
+
+/// Every export a bundle of `shape` has, by name (the `{W}` of [`EXPORTS`] resolved to each of
+/// [`decode_widths`], the `{P}` to each of [`prefill_widths`]).
+pub fn export_names(shape: BundleShape) -> Vec<String> {
     EXPORTS
         .iter()
-        .flat_map(|e| match e.name.strip_suffix("{W}") {
-            Some(_) => decode_widths(slots).into_iter().map(decode_rows_export).collect(),
-            None => vec![e.name.to_owned()],
+        .flat_map(|e| {
+            if e.name.ends_with("{W}") {
+                decode_widths(shape.slots).into_iter().map(decode_rows_export).collect()
+            } else if let Some(base) = e.name.strip_suffix("_{P}") {
+                prefill_widths(shape.chunk).into_iter().map(|w| prefill_export(base, w, shape.chunk)).collect()
+            } else {
+                vec![e.name.to_owned()]
+            }
         })
         .collect()
 }
@@ -373,7 +409,10 @@ struct Emitter<'a> {
     cfg: &'a TextConfig,
     shape: BundleShape,
     c: NumericContract,
-    w: Weights,
+    /// Whose rows the linears contract: a prompt's in the prefill exports, by their count
+    /// elsewhere (see [`Rows`]).
+    rows: Rows,
+    w: &'a Weights,
     cache: Global,
 }
 
@@ -591,13 +630,10 @@ pub fn emit_bundle(
             streams_out: (0..a.inputs - 1).map(|i| lin(&mut m, key(Tensor::AltUpOut(i)), h, h)).collect(),
         }
     });
-    let e = Emitter {
-        cfg,
-        shape,
-        c: contract,
-        w: Weights { embed, embed_extra, split, layers, norm, lm_head, aug },
-        cache,
-    };
+    let loaded = Weights { embed, embed_extra, split, layers, norm, lm_head, aug };
+    let e = Emitter { cfg, shape, c: contract, rows: Rows::ByCount, w: &loaded, cache };
+    // The prefill exports contract a prompt's rows in one form at every width.
+    let prompt = Emitter { rows: Rows::Prompt, cache: e.cache.clone(), ..e };
 
     let (t, cap, s) = (shape.chunk, shape.rows(), shape.slots);
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
@@ -613,30 +649,50 @@ pub fn emit_bundle(
     let x = e.rows(&mut f, &a[0]);
     m.add_func(f, &[x]);
 
-    // prefill_embeddings
-    // (with injected layers: a further `injections[K, T, H]` added after layers 0..K)
-    // (with per-layer inputs: a further `tokens[T]`, the rows' ids)
-    let mut args = vec![contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()];
-    if cfg.injected_layers > 0 {
-        args.push(contract.act(&[cfg.injected_layers, t, h]));
-    }
-    if cfg.per_layer_inputs.is_some() {
-        args.push(i32s(t));
-    }
-    let (mut f, a) = m.func("prefill_embeddings", &args);
-    let x = f.reshape(&a[0], &[1, t, h]);
-    let injections = (cfg.injected_layers > 0).then(|| a[5].clone());
-    let row_tokens = cfg.per_layer_inputs.is_some().then(|| a[a.len() - 1].clone());
-    let hidden =
-        e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], injections, row_tokens.as_ref());
-    m.add_func(f, &[hidden]);
+    // prefill_embeddings and prefill_tokens, over a whole chunk and over each narrower width
+    for w in std::iter::once(t).chain(prefill_widths(t)) {
+        // (with injected layers: a further `injections[K, W, H]` added after layers 0..K)
+        // (with per-layer inputs: a further `tokens[W]`, the rows' ids)
+        let mut args = vec![contract.act(&[w, h]), pos_ty(w), mask(w), scalar.clone(), scalar.clone()];
+        if cfg.injected_layers > 0 {
+            args.push(contract.act(&[cfg.injected_layers, w, h]));
+        }
+        if cfg.per_layer_inputs.is_some() {
+            args.push(i32s(w));
+        }
+        let (mut f, a) = m.func(&prefill_export("prefill_embeddings", w, t), &args);
+        let x = f.reshape(&a[0], &[1, w, h]);
+        let injections = (cfg.injected_layers > 0).then(|| a[5].clone());
+        let row_tokens = cfg.per_layer_inputs.is_some().then(|| a[a.len() - 1].clone());
+        let hidden = prompt.forward(
+            &mut f,
+            &x,
+            &a[1],
+            &a[2],
+            Slots::One(a[3].clone()),
+            &[a[4].clone()],
+            injections,
+            row_tokens.as_ref(),
+        );
+        m.add_func(f, &[hidden]);
 
-    // prefill_tokens
-    let (mut f, a) = m.func("prefill_tokens", &[i32s(t), pos_ty(t), mask(t), scalar.clone(), scalar.clone()]);
-    let x = e.embed(&mut f, &a[0]);
-    let x = f.reshape(&x, &[1, t, h]);
-    let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
-    m.add_func(f, &[hidden]);
+        let (mut f, a) = m.func(
+            &prefill_export("prefill_tokens", w, t),
+            &[i32s(w), pos_ty(w), mask(w), scalar.clone(), scalar.clone()],
+        );
+        let x = prompt.embed(&mut f, &a[0]);
+        let x = f.reshape(&x, &[1, w, h]);
+        let hidden =
+            prompt.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
+        m.add_func(f, &[hidden]);
+
+        // logits_at: the head over one row, what serving needs of a prompt.
+        let (mut f, a) = m.func(&prefill_export("logits_at", w, t), &[contract.act(&[w, h]), Type::scalar(Elem::I32)]);
+        let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
+        let row = f.dynamic_slice(&a[0], &[a[1].clone(), zero], &[1, h]);
+        let logits = prompt.head(&mut f, &row);
+        m.add_func(f, &[logits]);
+    }
 
     // decode_rows_W: one token for each of W listed slots, so a few streams do not pay for a
     // row of every slot (`decode` computes all S rows whichever are in use).
@@ -654,13 +710,6 @@ pub fn emit_bundle(
     // logits: the head over every row of a prefill's hidden state.
     let (mut f, a) = m.func("logits", &[contract.act(&[t, h])]);
     let logits = e.head(&mut f, &a[0]);
-    m.add_func(f, &[logits]);
-
-    // logits_at: the head over one row.
-    let (mut f, a) = m.func("logits_at", &[contract.act(&[t, h]), Type::scalar(Elem::I32)]);
-    let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
-    let row = f.dynamic_slice(&a[0], &[a[1].clone(), zero], &[1, h]);
-    let logits = e.head(&mut f, &row);
     m.add_func(f, &[logits]);
 
     // kv_slot: one slot's cache [L, 2, C, KVH, D], for tests and diagnostics.
@@ -775,9 +824,9 @@ impl Emitter<'_> {
     /// `x @ w^T (+ bias)` through the contract, for `w` as the checkpoint stores it.
     fn linear(&self, f: &mut Func, x: &Value, w: &Lin, bias: Option<&Value>) -> Value {
         match w.load(f) {
-            LoadedLin::Dense(w) => self.c.linear(f, x, &w, bias),
+            LoadedLin::Dense(w) => self.c.linear_rows(f, x, &w, bias, self.rows),
             LoadedLin::Tiled(w) => self.c.linear_tiled(f, x, &w, bias),
-            LoadedLin::Affine(w) => self.c.qlinear(f, x, &w, bias),
+            LoadedLin::Affine(w) => self.c.qlinear_rows(f, x, &w, bias, self.rows),
         }
     }
 

@@ -18,7 +18,9 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// inputs in order.
 /// v8: `qlinear` over up to [`QLINEAR_FUSED_MAX_ROWS`] rows reduces each output over
 /// `(groups, group_size)` as one row does (it contracted a dequantized `[out, in]` copy).
-pub const CONTRACT_VERSION: u32 = 8;
+/// v9: a prompt's rows ([`Rows::Prompt`]) take the many-rows form of `linear` and `qlinear` at
+/// every row count.
+pub const CONTRACT_VERSION: u32 = 9;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -129,7 +131,9 @@ const ROUNDING: [&str; 10] = [
 const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles and vectorises each reduction; \
                            with --iree-llvmcpu-reassociate-fp-reductions in the backend, vector lanes are summed \
                            apart and then combined); qlinear over up to 8 rows reduces each output over \
-                           (groups, group_size) at once; linear_tiled (16-bit float weights in row tiles of 32) \
+                           (groups, group_size) at once, and linear over up to 16 rows contracts with the weight \
+                           on the left, except over a prompt's rows (a prefill call), which take the form of more \
+                           rows at every count; linear_tiled (16-bit float weights in row tiles of 32) \
                            sums each output over its inputs in order, one vector lane per output; linear over one \
                            row of 16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
                            lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated)";
@@ -156,6 +160,20 @@ fn lhs_tile_rows(rows: usize) -> usize {
 /// contracting the dequantized weight: 3 rows 2.2 against 6.3 ms, 4 rows 2.9 against 7.1, 8 rows
 /// 4.2 to 4.6 against 5.8 to 6.1, but 16 rows 7.8 against 7.3.
 pub const QLINEAR_FUSED_MAX_ROWS: usize = 8;
+
+/// Whose rows a contraction's `x` holds, which picks the form of [`NumericContract::linear_rows`]
+/// and [`NumericContract::qlinear_rows`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// By their count: up to [`WEIGHT_LEFT_MAX_ROWS`] rows (a decode step's streams, one token
+    /// each) contract with the weight on the left, up to [`QLINEAR_FUSED_MAX_ROWS`] quantized
+    /// ones as one fused reduction; more (an encoder's, a prefill chunk's) take `x @ w^T`.
+    ByCount,
+    /// Consecutive rows of one prompt (a prefill call): `x @ w^T` and the dequantized
+    /// quantized weight at every count, so a row computes the same bits in a call of any width
+    /// and a prompt prefilled in calls of several widths equals one prefilled in whole chunks.
+    Prompt,
+}
 
 /// How a graph materialises and accumulates values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -207,12 +225,17 @@ impl NumericContract {
     /// rounded once to the activation dtype (after the bias, as torch's
     /// addmm does).
     pub fn linear(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>) -> Value {
+        self.linear_rows(f, x, w, bias, Rows::ByCount)
+    }
+
+    /// [`Self::linear`] over rows of the kind `kind` (see [`Rows`]).
+    pub fn linear_rows(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>, kind: Rows) -> Value {
         let xa = f.convert(x, self.accumulate);
         let wa = f.convert(w, self.accumulate);
         let rank = x.ty().rank();
         let last = rank.saturating_sub(1);
         let rows: usize = x.shape()[..last].iter().product();
-        let y = if rows <= WEIGHT_LEFT_MAX_ROWS {
+        let y = if kind == Rows::ByCount && rows <= WEIGHT_LEFT_MAX_ROWS {
             let yt = f.dot_general(&wa, &xa, (&[], &[]), (&[1], &[last]));
             let perm: Vec<usize> = (1..rank).chain(std::iter::once(0)).collect();
             f.transpose(&yt, &perm)
@@ -308,6 +331,11 @@ impl NumericContract {
     /// encoders) contract the dequantized weight with `dot_general`, which IREE keeps as a
     /// separate dispatch writing the weight out in f32 once per call.
     pub fn qlinear(&self, f: &mut Func, x: &Value, w: &AffineWeight, bias: Option<&Value>) -> Value {
+        self.qlinear_rows(f, x, w, bias, Rows::ByCount)
+    }
+
+    /// [`Self::qlinear`] over rows of the kind `kind` (see [`Rows`]).
+    pub fn qlinear_rows(&self, f: &mut Func, x: &Value, w: &AffineWeight, bias: Option<&Value>, kind: Rows) -> Value {
         let [out, inputs] = w.shape();
         let g = w.group_size;
         let groups = inputs / g.max(1);
@@ -317,7 +345,7 @@ impl NumericContract {
         let rows: usize = lead.iter().product();
         let d = self.dequantize(f, w);
         let xa = f.convert(x, self.accumulate);
-        let y = if rows <= QLINEAR_FUSED_MAX_ROWS {
+        let y = if kind == Rows::ByCount && rows <= QLINEAR_FUSED_MAX_ROWS {
             let shape = [rows, out, groups, g];
             let xr = f.reshape(&xa, &[rows, groups, g]);
             let xb = f.broadcast(&xr, &shape, &[0, 2, 3]);

@@ -14,7 +14,7 @@ mod ops;
 use std::fmt;
 
 pub use contract::{
-    AffineWeight, CONTRACT_VERSION, ContractDescriptor, NumericContract, QLINEAR_FUSED_MAX_ROWS, RmsStyle,
+    AffineWeight, CONTRACT_VERSION, ContractDescriptor, NumericContract, QLINEAR_FUSED_MAX_ROWS, RmsStyle, Rows,
     TILED_KEY_SEPARATOR, WEIGHT_TILE_ROWS, tiled_key, tiled_shape,
 };
 pub use ops::{Compare, Reduce};

@@ -276,8 +276,8 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 8);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v8:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 9);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v9:act=f32:acc=f32");
 }
 
 /// A bf16-scaled 4-bit weight `[3, 64]` in groups of 32, and a function over `x`.
@@ -359,6 +359,33 @@ fn quantized_linear_accumulates_in_f32_and_rounds_once() {
     }
 }
 
+/// Mutation-sensitive: a prompt's rows (a prefill call) contract as `x @ w^T` and the
+/// dequantized quantized weight at every count, the forms a chunk's many rows take, where a
+/// decode step's few rows take the weight on the left and the fused reduction.
+#[test]
+fn a_prompts_rows_take_the_many_rows_form_at_every_count() {
+    for rows in [1usize, 4, 8, 16] {
+        let mut m = Module::new("m");
+        let w = m.param("w", Type::new(Elem::F32, &[3, 64]));
+        let (mut f, a) = m.func("f", &[Type::new(Elem::F32, &[rows, 64])]);
+        let wv = f.load(&w);
+        let y = NumericContract::f32().linear_rows(&mut f, &a[0], &wv, None, crate::Rows::Prompt);
+        m.add_func(f, &[y]);
+        let text = m.finish().expect("valid");
+        let x_left = format!("(tensor<{rows}x64xf32>, tensor<3x64xf32>) -> tensor<{rows}x3xf32>");
+        assert!(text.contains(&x_left), "{rows} rows, x on the left: {text}");
+        assert!(!op_names(&text).contains(&"stablehlo.transpose"), "{rows} rows: {text}");
+
+        let (mut m, mut f, a, w) = affine_module(rows);
+        let y = NumericContract::bf16().qlinear_rows(&mut f, &a[0], &w, None, crate::Rows::Prompt);
+        m.add_func(f, &[y]);
+        let text = m.finish().expect("valid");
+        let contracted = format!("(tensor<{rows}x64xf32>, tensor<3x64xf32>) -> tensor<{rows}x3xf32>");
+        assert!(text.contains(&contracted), "{rows} quantized rows, the dequantized weight contracted: {text}");
+        assert!(!op_names(&text).contains(&"stablehlo.reduce"), "{rows} quantized rows: {text}");
+    }
+}
+
 /// The descriptor names the sources, the dtypes, the rounding points and the backend, states the
 /// dequantization only for quantized sources, and is stable (its JSON keys every artifact).
 #[test]
@@ -369,7 +396,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":8,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":9,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert!(dense.rounding.iter().any(|r| r.starts_with("qlinear")));
     let q = NumericContract::f32().descriptor(
