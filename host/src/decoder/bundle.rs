@@ -594,16 +594,15 @@ impl Decoder {
     }
 
     /// Rows `start..start + real` of every injection, zero-padded to the
-    /// call's `chunk` rows: `[K, chunk, H]` (zeros when the prompt has none).
+    /// chunk: `[K, chunk, H]` (zeros when the prompt has none).
     fn injection_chunk(
         &self,
         x: &HostTensor,
         extras: &Extras,
         start: usize,
         real: usize,
-        chunk: usize,
     ) -> Result<HostTensor, DecoderError> {
-        let (k, h) = (self.config.injected_layers, self.config.hidden);
+        let (chunk, k, h) = (self.options.shape.chunk, self.config.injected_layers, self.config.hidden);
         let row = x.bytes().len() / x.shape()[0];
         let mut bytes = vec![0u8; k * chunk * row];
         for (i, t) in extras.injections.iter().enumerate() {
@@ -653,10 +652,14 @@ impl Decoder {
         self.lens[slot] = part.start;
         self.held[slot] = part.start;
         self.deltas[slot] = next - n as i64;
-        // Every row's logits come from `logits`, over a whole chunk; otherwise a call runs the
-        // narrowest prefill export that holds its rows (the rows past them are padding, written
-        // into slack cache rows no query sees, as a whole chunk's are).
-        let narrower = if rows == Logits::All { Vec::new() } else { graph::prefill_widths(chunk) };
+        // A token prompt's call runs the narrowest prefill export that holds its rows (the rows
+        // past them are padding, written into slack cache rows no query sees, as a whole
+        // chunk's are); every row's logits come from `logits`, over a whole chunk, and prompts
+        // from embeddings (media, hundreds of rows) keep whole chunks.
+        let narrower = match input {
+            Prefill::Tokens(_) if rows == Logits::Last => graph::prefill_widths(chunk),
+            _ => Vec::new(),
+        };
         for (start, real) in calls {
             let width = narrower.iter().copied().find(|&w| w >= real).unwrap_or(chunk);
             let first = match input {
@@ -683,7 +686,7 @@ impl Decoder {
             if let Prefill::Embeddings(x, extras) = input
                 && self.config.injected_layers > 0
             {
-                args.push(self.injection_chunk(x, extras, start, real, width)?);
+                args.push(self.injection_chunk(x, extras, start, real)?);
             }
             if let Prefill::Embeddings(_, extras) = input
                 && self.config.per_layer_inputs.is_some()
@@ -694,7 +697,7 @@ impl Decoder {
             }
             let function = match input {
                 Prefill::Tokens(_) => graph::prefill_export("prefill_tokens", width, chunk),
-                Prefill::Embeddings(..) => graph::prefill_export("prefill_embeddings", width, chunk),
+                Prefill::Embeddings(..) => "prefill_embeddings".to_owned(),
             };
             let out =
                 self.session.call(&format!("decoder.{function}"), &args.iter().map(Arg::from).collect::<Vec<_>>())?;

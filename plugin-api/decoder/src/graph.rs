@@ -7,9 +7,10 @@
 //! - `prefill_tokens(tokens[T], pos[T], mask[K, T, C], slot, start) -> hidden[T, H]`
 //! - `logits(hidden[T, H]) -> logits[T, V]`: every row (verification and tests)
 //! - `logits_at(hidden[T, H], row) -> logits[1, V]`: one row, what serving needs
-//! - `prefill_tokens_W`, `prefill_embeddings_W`, `logits_at_W`: the same over `W` rows, for
-//!   each narrower width `W` of [`prefill_widths`], so a prompt's last, short call is not
-//!   padded to a whole chunk
+//! - `prefill_tokens_W`, `logits_at_W`: the same over `W` rows, for each narrower width `W`
+//!   of [`prefill_widths`], so a token prompt's last, short call is not padded to a whole
+//!   chunk (prompts from embeddings carry media, hundreds of rows, and keep whole chunks:
+//!   each width is one more compiled forward pass)
 //! - `decode(tokens[S], pos[S], write[S], mask[K, S, C]) -> logits[S, V]`
 //! - `kv_slot(slot) -> [L, 2, C, KVH, D]` (tests and diagnostics)
 //!
@@ -79,7 +80,7 @@ pub struct Export {
 
 /// Every export a bundle has (the module is `decoder`, so `decoder.<name>`). `injections` is
 /// present when the spec has injected layers.
-pub const EXPORTS: [Export; 11] = [
+pub const EXPORTS: [Export; 10] = [
     Export { name: "embed", args: &["tokens[T]"], results: &["raw-rows[T,H]"] },
     Export {
         name: "prefill_tokens",
@@ -96,11 +97,6 @@ pub const EXPORTS: [Export; 11] = [
     Export {
         name: "prefill_tokens_{P}",
         args: &["tokens[P]", "pos[P|3,P]", "masks[K,P,C]", "slot", "start"],
-        results: &["hidden[P,H]"],
-    },
-    Export {
-        name: "prefill_embeddings_{P}",
-        args: &["x[P,H]", "pos[P|3,P]", "masks[K,P,C]", "slot", "start", "injections[J,P,H]?", "tokens[P]?"],
         results: &["hidden[P,H]"],
     },
     Export { name: "logits_at_{P}", args: &["hidden[P,H]", "row"], results: &["logits[1,V]"] },
@@ -129,19 +125,19 @@ pub fn decode_rows_export(width: usize) -> String {
     format!("decode_rows_{width}")
 }
 
-/// The narrower prefill calls a bundle of prefill chunk `chunk` exports besides the chunk's:
-/// a quarter and a half of it, when at least 8 rows. A prefill call runs the narrowest that
-/// holds its rows, so a prompt's last call (or a short prompt's only one) computes at most
-/// twice its rows rather than a whole chunk: a 75-row prompt in chunks of 64 computes 64 + 16
-/// rows, not 128.
+/// The narrower token prefill calls a bundle of prefill chunk `chunk` exports besides the
+/// chunk's: a quarter and a half of it, when at least 8 rows. A token prefill call runs the
+/// narrowest that holds its rows, so a prompt's last call (or a short prompt's only one)
+/// computes at most twice its rows rather than a whole chunk: a 75-row prompt in chunks of 64
+/// computes 64 + 16 rows, not 128.
 pub fn prefill_widths(chunk: usize) -> Vec<usize> {
     let mut widths: Vec<usize> = [chunk / 4, chunk / 2].into_iter().filter(|&w| w >= 8 && w < chunk).collect();
     widths.dedup();
     widths
 }
 
-/// The export of `name` (`prefill_tokens`, `prefill_embeddings` or `logits_at`) over `width`
-/// rows: `name` itself at the chunk's width, `name_W` at a narrower one of [`prefill_widths`].
+/// The export of `name` (`prefill_tokens` or `logits_at`) over `width` rows: `name` itself at
+/// the chunk's width, `name_W` at a narrower one of [`prefill_widths`].
 pub fn prefill_export(name: &str, width: usize, chunk: usize) -> String {
     if width == chunk { name.to_owned() } else { format!("{name}_{width}") }
 }
@@ -649,33 +645,34 @@ pub fn emit_bundle(
     let x = e.rows(&mut f, &a[0]);
     m.add_func(f, &[x]);
 
-    // prefill_embeddings and prefill_tokens, over a whole chunk and over each narrower width
-    for w in std::iter::once(t).chain(prefill_widths(t)) {
-        // (with injected layers: a further `injections[K, W, H]` added after layers 0..K)
-        // (with per-layer inputs: a further `tokens[W]`, the rows' ids)
-        let mut args = vec![contract.act(&[w, h]), pos_ty(w), mask(w), scalar.clone(), scalar.clone()];
-        if cfg.injected_layers > 0 {
-            args.push(contract.act(&[cfg.injected_layers, w, h]));
-        }
-        if cfg.per_layer_inputs.is_some() {
-            args.push(i32s(w));
-        }
-        let (mut f, a) = m.func(&prefill_export("prefill_embeddings", w, t), &args);
-        let x = f.reshape(&a[0], &[1, w, h]);
-        let injections = (cfg.injected_layers > 0).then(|| a[5].clone());
-        let row_tokens = cfg.per_layer_inputs.is_some().then(|| a[a.len() - 1].clone());
-        let hidden = prompt.forward(
-            &mut f,
-            &x,
-            &a[1],
-            &a[2],
-            Slots::One(a[3].clone()),
-            &[a[4].clone()],
-            injections,
-            row_tokens.as_ref(),
-        );
-        m.add_func(f, &[hidden]);
+    // prefill_embeddings
+    // (with injected layers: a further `injections[K, T, H]` added after layers 0..K)
+    // (with per-layer inputs: a further `tokens[T]`, the rows' ids)
+    let mut args = vec![contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()];
+    if cfg.injected_layers > 0 {
+        args.push(contract.act(&[cfg.injected_layers, t, h]));
+    }
+    if cfg.per_layer_inputs.is_some() {
+        args.push(i32s(t));
+    }
+    let (mut f, a) = m.func("prefill_embeddings", &args);
+    let x = f.reshape(&a[0], &[1, t, h]);
+    let injections = (cfg.injected_layers > 0).then(|| a[5].clone());
+    let row_tokens = cfg.per_layer_inputs.is_some().then(|| a[a.len() - 1].clone());
+    let hidden = prompt.forward(
+        &mut f,
+        &x,
+        &a[1],
+        &a[2],
+        Slots::One(a[3].clone()),
+        &[a[4].clone()],
+        injections,
+        row_tokens.as_ref(),
+    );
+    m.add_func(f, &[hidden]);
 
+    // prefill_tokens and logits_at, over a whole chunk and over each narrower width
+    for w in std::iter::once(t).chain(prefill_widths(t)) {
         let (mut f, a) = m.func(
             &prefill_export("prefill_tokens", w, t),
             &[i32s(w), pos_ty(w), mask(w), scalar.clone(), scalar.clone()],
@@ -686,11 +683,12 @@ pub fn emit_bundle(
             prompt.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
         m.add_func(f, &[hidden]);
 
-        // logits_at: the head over one row, what serving needs of a prompt.
+        // logits_at: the head over one row, what serving needs of a prompt (a row, whichever
+        // call it came from: the one-row form).
         let (mut f, a) = m.func(&prefill_export("logits_at", w, t), &[contract.act(&[w, h]), Type::scalar(Elem::I32)]);
         let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
         let row = f.dynamic_slice(&a[0], &[a[1].clone(), zero], &[1, h]);
-        let logits = prompt.head(&mut f, &row);
+        let logits = e.head(&mut f, &row);
         m.add_func(f, &[logits]);
     }
 
