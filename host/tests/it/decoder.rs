@@ -840,3 +840,51 @@ fn kept_token_rows_equal_a_cold_prefill_and_impossible_parts_are_refused() {
         .expect_err("a split block is refused");
     assert!(matches!(err, DecoderError::Extras(_)), "{err:?}");
 }
+
+/// Mutation-sensitive: rotary tables hold at the positions of long contexts. The contract's
+/// `cos_sin`, compiled and run, against the cosine and sine of the same f32 angles in f64 (Qwen2's
+/// rotary, 128 wide, base 1e6, positions up to 131,071): within 1e-6. IREE's own reduction of
+/// these angles was off by up to 4e-3.
+#[test]
+fn rotary_tables_hold_at_the_positions_of_long_contexts() {
+    use mlxcel_emit::{Elem, Module, NumericContract, Type};
+    let (d, base) = (128usize, 1.0e6f32);
+    let inv: Vec<f32> = (0..d / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / d as f32)).collect();
+    let angles: Vec<f32> = (0..4096u32)
+        .flat_map(|p| {
+            let pos = (p * 32 + p % 32) as f32;
+            inv.iter().step_by(8).map(move |f| pos * f)
+        })
+        .collect();
+    let n = angles.len();
+    let mut m = Module::new("rotary");
+    let (mut f, a) = m.func("tables", &[Type::new(Elem::F32, &[n])]);
+    let (cos, sin) = NumericContract::f32().cos_sin(&mut f, &a[0]);
+    m.add_func(f, &[cos, sin]);
+    let mlir = m.finish().expect("valid");
+    let compiler = Compiler::locate().expect("compiler");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = mlxcel_shim::Target::host_cpu();
+    let request = mlxcel_shim::CompileRequest {
+        name: "rotary",
+        mlir: &mlir,
+        target: &target,
+        flags: &[],
+        key_parts: &[],
+        contract: None,
+    };
+    let artifact = CompileCache::new(dir.path()).get_or_compile(&compiler, &request).expect("compiles").0;
+    let device = Device::new(Driver::LocalSync).expect("device");
+    let session = mlxcel_shim::Session::new(&device, None, &[&artifact]).expect("session");
+    let x = mlxcel_shim::HostTensor::from_slice(vec![n], &angles).expect("angles");
+    let out = session.call("rotary.tables", &[mlxcel_shim::Arg::from(&x)]).expect("runs");
+    let read = |i: usize| out[i].to_host().expect("read").to_vec::<f32>().expect("f32");
+    for (got, exact, name) in [(read(0), f64::cos as fn(f64) -> f64, "cos"), (read(1), f64::sin, "sin")] {
+        let (worst, at) = got
+            .iter()
+            .zip(&angles)
+            .map(|(g, a)| ((*g as f64 - exact(*a as f64)).abs(), *a))
+            .fold((0.0, 0.0), |w, e| if e.0 > w.0 { e } else { w });
+        assert!(worst <= 1e-6, "{name} is off by {worst:e} at the angle {at}");
+    }
+}

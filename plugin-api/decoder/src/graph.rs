@@ -1166,7 +1166,7 @@ impl Emitter<'_> {
             }
             let freqs = freqs.expect("invariant: three streams");
             let freqs = f.concat(&[freqs.clone(), freqs], 2);
-            let (cos, sin) = (f.cos(&freqs), f.sin(&freqs));
+            let (cos, sin) = self.c.cos_sin(f, &freqs);
             return (f.convert(&cos, self.c.activations), f.convert(&sin, self.c.activations));
         }
         let mut both = inv.clone();
@@ -1177,7 +1177,7 @@ impl Emitter<'_> {
         let pb = f.broadcast(&p, &[b, t, d], &[0, 1]);
         let ib = f.broadcast(&inv, &[b, t, d], &[2]);
         let freqs = f.mul(&pb, &ib);
-        let (cos, sin) = (f.cos(&freqs), f.sin(&freqs));
+        let (cos, sin) = self.c.cos_sin(f, &freqs);
         (f.convert(&cos, self.c.activations), f.convert(&sin, self.c.activations))
     }
 

@@ -20,7 +20,8 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// `(groups, group_size)` as one row does (it contracted a dequantized `[out, in]` copy).
 /// v9: a prompt's rows ([`Rows::Prompt`]) take the many-rows form of `linear` and `qlinear` at
 /// every row count.
-pub const CONTRACT_VERSION: u32 = 9;
+/// v10: rotary tables from angles reduced by whole turns first ([`NumericContract::cos_sin`]).
+pub const CONTRACT_VERSION: u32 = 10;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -114,7 +115,7 @@ impl ContractDescriptor {
 }
 
 /// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
-const ROUNDING: [&str; 10] = [
+const ROUNDING: [&str; 11] = [
     "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
     "linear_tiled: as linear, the weight widened inside the contraction",
     "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
@@ -125,6 +126,7 @@ const ROUNDING: [&str; 10] = [
     "residual: added in the activations",
     "softcap: tanh(x / c) * c in the logits' dtype",
     "qlinear: the weight dequantized in the accumulator, then as linear",
+    "cos_sin: rotary angles in f32 reduced by whole turns (2pi in three parts, exact products), then cos and sin",
 ];
 
 /// How reductions associate, as [`ContractDescriptor::association`] states it.
@@ -467,6 +469,32 @@ impl NumericContract {
         let denom = f.add(&one, &e);
         let y = f.div(&xa, &denom);
         f.convert(&y, self.activations)
+    }
+
+    /// `(cos a, sin a)` of f32 rotary angles `a` (`position * inv_freq`), as torch computes them
+    /// in f32: `a` is first reduced by whole turns, `r = a - k * 2pi` with `k` the nearest
+    /// integer to `a / 2pi` and `2pi` in three f32 parts whose products with `k` are exact (to
+    /// `k` of 2^15, angles of about 205,000), so the cosine and sine see `r` to within a few
+    /// units in its last place. IREE 3.13's own reduction of large f32 angles is coarser: at
+    /// position 32,768 (Qwen2's rotary, 128 wide) its tables were off by up to 9e-4 (4e-3 at
+    /// 131,072) against 2.4e-7 reduced first, and 1,220 of 65,536 entries rounded to bf16
+    /// differently from torch's, against 5.
+    pub fn cos_sin(&self, f: &mut Func, a: &Value) -> (Value, Value) {
+        // 2pi = C1 + C2 + C3: C1 and C2 have 8 and 9 significant bits, C3 is the rest in f32.
+        const C1: f64 = 6.28125;
+        const C2: f64 = 0.001934051513671875;
+        const C3: f64 = 1.2556658930407139e-6;
+        let splat = |f: &mut Func, v: f64| f.splat(a.ty(), v);
+        let turn = splat(f, 1.0 / std::f64::consts::TAU);
+        let turns = f.mul(a, &turn);
+        let k = f.round_even(&turns);
+        let mut r = a.clone();
+        for c in [C1, C2, C3] {
+            let c = splat(f, c);
+            let part = f.mul(&k, &c);
+            r = f.sub(&r, &part);
+        }
+        (f.cos(&r), f.sin(&r))
     }
 
     /// Soft-capping, `tanh(x / cap) * cap`, in `x`'s own dtype as torch computes it on the

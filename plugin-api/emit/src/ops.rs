@@ -110,6 +110,10 @@ impl Func {
     pub fn neg(&mut self, x: &Value) -> Value {
         self.unary("negate", x)
     }
+    /// To the nearest integer, ties to even.
+    pub fn round_even(&mut self, x: &Value) -> Value {
+        self.unary("round_nearest_even", x)
+    }
     pub fn abs(&mut self, x: &Value) -> Value {
         self.unary("abs", x)
     }

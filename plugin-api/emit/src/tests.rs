@@ -276,8 +276,8 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 9);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v9:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 10);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v10:act=f32:acc=f32");
 }
 
 /// A bf16-scaled 4-bit weight `[3, 64]` in groups of 32, and a function over `x`.
@@ -396,7 +396,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":9,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":10,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert!(dense.rounding.iter().any(|r| r.starts_with("qlinear")));
     let q = NumericContract::f32().descriptor(

@@ -362,7 +362,8 @@ pub fn rotary_2d(f: &mut Func, positions: &Value, head_dim: usize, theta: f64) -
     let freqs = f.mul(&pb, &ib);
     let freqs = f.reshape(&freqs, &[n, 2 * k]);
     let freqs = f.concat(&[freqs.clone(), freqs], 1);
-    (f.cos(&freqs), f.sin(&freqs))
+    // The tables are f32 under every contract.
+    NumericContract::f32().cos_sin(f, &freqs)
 }
 
 /// `x * cos + rotate_half(x) * sin` for `x [n, heads, d]` and tables `[n, d]`.
