@@ -43,8 +43,8 @@ pub(crate) enum Compute {
     /// f32 activations for f32 and bf16 weights alike, bf16 weights widened inside each op
     /// (qualified: at parity with transformers in f32 on the same stored weights).
     F32,
-    /// bf16 activations with f32 accumulation, on a bf16 checkpoint (experimental: close to
-    /// transformers in bf16, not at parity; text only).
+    /// bf16 activations with f32 accumulation, on a bf16 checkpoint (experimental, text only:
+    /// bit for bit transformers in bf16 on one fixture on AVX512-BF16 CPUs, close elsewhere).
     Bf16,
 }
 
@@ -56,7 +56,7 @@ impl Compute {
         match self {
             Compute::F32 => Ok(None),
             Compute::Bf16 if !allow_unqualified => bail!(
-                "--compute bf16 is experimental (close to transformers in bf16, not at parity); pass \
+                "--compute bf16 is experimental (transformers in bf16 bit for bit on one fixture, not qualified); pass \
                  --allow-unqualified to use it"
             ),
             Compute::Bf16 if media => bail!(

@@ -29,11 +29,13 @@ impl Target {
     /// Compiler flags selecting this target.
     pub fn flags(&self) -> Vec<String> {
         match self {
-            // No microkernels: IREE 3.13 computes a bf16 x bf16 `linalg.mmt4d` in tiles of 32x1
-            // (what a tiled linear becomes once IREE folds its left operand's widening from bf16
-            // activations into the contraction) wrong through its mmt4d ukernel, on AVX-512 and
-            // AVX2 targets alike (an error of 37 on outputs of magnitude 27); its generated code
-            // is right. The graphs emit no other operation IREE lowers to a ukernel.
+            // No microkernels by default: IREE 3.13 computes a bf16 x bf16 `linalg.mmt4d` in tiles
+            // of 32x1 (what an f32 tiled linear becomes once IREE folds its left operand's
+            // widening from bf16 into the contraction) wrong through its mmt4d ukernel, on
+            // AVX-512 and AVX2 targets alike (an error of 37 on outputs of magnitude 27); its
+            // generated code is right. A module whose bf16 contractions are tiled 16x2, the
+            // ukernel's own tile, enables it with its own flag (which replaces this one, see
+            // `Compiler::compile`); the graphs emit no other operation IREE lowers to a ukernel.
             Target::Cpu { cpu } => vec![
                 "--iree-hal-target-backends=llvm-cpu".into(),
                 format!("--iree-llvmcpu-target-cpu={cpu}"),
@@ -128,9 +130,12 @@ impl Compiler {
     }
 
     /// Compiles StableHLO (or any IREE input) text. `what` names the module
-    /// in errors; `extra_flags` follow the target's flags.
+    /// in errors; `extra_flags` follow the target's flags, replacing any for the same option.
     pub fn compile(&self, what: &str, mlir: &str, target: &Target, extra_flags: &[String]) -> Result<Vec<u8>> {
-        let mut flags = target.flags();
+        // A module's flag replaces the target's flag for the same option.
+        let option = |flag: &str| flag.split_once('=').map_or(flag, |(name, _)| name).to_owned();
+        let replaced: std::collections::HashSet<String> = extra_flags.iter().map(|f| option(f)).collect();
+        let mut flags: Vec<String> = target.flags().into_iter().filter(|f| !replaced.contains(&option(f))).collect();
         // The compiler reads the spec from a file; it lives as long as this call.
         let spec = match target {
             Target::Cpu { .. } => {

@@ -463,8 +463,8 @@ impl Parameters {
             if decl.scope != self.scope {
                 return Err(Error::ParameterScope { scope: decl.scope.clone(), provided: self.scope.clone() });
             }
-            if let Some((stored, rows)) = tiled_view(&decl.key) {
-                self.add_tiled(decl, stored, rows)?;
+            if let Some((stored, tile)) = tiled_view(&decl.key) {
+                self.add_tiled(decl, stored, tile)?;
                 continue;
             }
             let (_, entry) = self.stored(&decl.key)?;
@@ -500,21 +500,25 @@ impl Parameters {
         Ok((key, entry))
     }
 
-    /// Serves `decl`, the row-tiled view of the stored `[out, in]` matrix `stored` that a
-    /// module declares (`[out / rows, in, rows, 1]`, row `r` at `[r / rows, :, r % rows, 0]`),
-    /// building it the first time: the stored bytes are read (not mapped, so they stay out of
-    /// the resident set), reordered into memory of their own, and that memory added to the
-    /// index under the declared key. Later modules declaring the same view share it.
-    fn add_tiled(&self, decl: &ParameterDecl, stored: &str, rows: usize) -> Result<()> {
+    /// Serves `decl`, the tiled view of the stored `[out, in]` matrix `stored` that a module
+    /// declares (`[out / rows, in / depth, rows, depth]`, row `r` input `i` at `[r / rows, i /
+    /// depth, r % rows, i % depth]`), building it the first time: the stored bytes are read (not
+    /// mapped, so they stay out of the resident set), reordered into memory of their own, and that
+    /// memory added to the index under the declared key. Later modules declaring the same view
+    /// share it.
+    fn add_tiled(&self, decl: &ParameterDecl, stored: &str, tile: Tile) -> Result<()> {
         let (key, entry) = self.stored(stored)?;
+        let Tile { rows, depth } = tile;
         let tiled = match (entry.desc(), entry.shape.as_slice()) {
-            (Some(desc), &[out, inputs]) if out.is_multiple_of(rows) && desc.dtype.size() > 0 => {
-                Some((TensorDesc::new(desc.dtype, vec![out / rows, inputs, rows, 1]), out, inputs))
+            (Some(desc), &[out, inputs])
+                if out.is_multiple_of(rows) && inputs.is_multiple_of(depth) && desc.dtype.size() > 0 =>
+            {
+                Some((TensorDesc::new(desc.dtype, vec![out / rows, inputs / depth, rows, depth]), out, inputs))
             }
             _ => None,
         };
         let Some((want, out, inputs)) = tiled.filter(|(want, ..)| decl.desc.as_ref() == Some(want)) else {
-            let wanted = format!("{} (a [out, in] matrix whose rows fill tiles of {rows})", decl.ty);
+            let wanted = format!("{} (an [out, in] matrix whose rows fill tiles of {rows} by {depth} inputs)", decl.ty);
             return Err(mismatch(decl, entry, wanted));
         };
         let mut built = self.tiled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -526,7 +530,7 @@ impl Parameters {
             operation: "tiling a weight",
             message: format!("could not allocate {} bytes for {}", bytes.len(), decl.key),
         })?;
-        tile_rows(&bytes, host.as_mut_slice(), out, inputs, rows, want.dtype.size());
+        tile_rows(&bytes, host.as_mut_slice(), out, inputs, tile, want.dtype.size());
         drop(bytes);
         let len = host.len;
         let host = Box::into_raw(Box::new(host));
@@ -565,28 +569,38 @@ fn mismatch(decl: &ParameterDecl, entry: &TensorEntry, wanted: String) -> Error 
     Error::ParameterMismatch { key: decl.key.clone(), found: format!("{} {:?}", entry.dtype, entry.shape), wanted }
 }
 
-/// A declared key naming a checkpoint matrix served in row tiles, `{key}|tile{rows}` (as the
-/// graphs' numeric contract spells it): the stored key and the rows per tile.
-fn tiled_view(key: &str) -> Option<(&str, usize)> {
-    let (stored, rows) = key.rsplit_once("|tile")?;
-    let rows = rows.parse::<usize>().ok().filter(|&r| r > 0)?;
-    Some((stored, rows))
+/// The tiles of a tiled view: `rows` rows by `depth` consecutive inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tile {
+    rows: usize,
+    depth: usize,
+}
+
+/// A declared key naming a checkpoint matrix served in tiles, `{key}|tile{rows}` or
+/// `{key}|tile{rows}x{depth}` (as the graphs' numeric contract spells it): the stored key and
+/// the tiles.
+fn tiled_view(key: &str) -> Option<(&str, Tile)> {
+    let (stored, tile) = key.rsplit_once("|tile")?;
+    let (rows, depth) = tile.split_once('x').unwrap_or((tile, "1"));
+    let positive = |s: &str| s.parse::<usize>().ok().filter(|&n| n > 0);
+    Some((stored, Tile { rows: positive(rows)?, depth: positive(depth)? }))
 }
 
 /// Reorders a row-major `[out, inputs]` matrix of `elem`-byte values into `[out / rows,
-/// inputs, rows]`: each tile of `rows` consecutive rows stored input by input.
-fn tile_rows(src: &[u8], dst: &mut [u8], out: usize, inputs: usize, rows: usize, elem: usize) {
+/// inputs / depth, rows, depth]`: each tile of `rows` consecutive rows stored `depth` inputs
+/// at a time.
+fn tile_rows(src: &[u8], dst: &mut [u8], out: usize, inputs: usize, tile: Tile, elem: usize) {
     debug_assert_eq!(src.len(), out * inputs * elem);
-    let tile = rows * inputs * elem;
     match elem {
-        2 => tile_all::<2>(src, dst, tile, inputs, rows),
-        4 => tile_all::<4>(src, dst, tile, inputs, rows),
+        2 => tile_all::<2>(src, dst, inputs, tile),
+        4 => tile_all::<4>(src, dst, inputs, tile),
         _ => {
-            for (t, dst) in dst.chunks_exact_mut(tile).enumerate() {
-                let src = &src[t * tile..][..tile];
+            let bytes = tile.rows * inputs * elem;
+            for (t, dst) in dst.chunks_exact_mut(bytes).enumerate() {
+                let src = &src[t * bytes..][..bytes];
                 for (i, v) in dst.chunks_exact_mut(elem).enumerate() {
-                    let (k, r) = (i / rows, i % rows);
-                    v.copy_from_slice(&src[(r * inputs + k) * elem..][..elem]);
+                    let (k, r, d) = (i / (tile.rows * tile.depth), i / tile.depth % tile.rows, i % tile.depth);
+                    v.copy_from_slice(&src[(r * inputs + k * tile.depth + d) * elem..][..elem]);
                 }
             }
         }
@@ -596,22 +610,23 @@ fn tile_rows(src: &[u8], dst: &mut [u8], out: usize, inputs: usize, rows: usize,
 /// [`tile_rows`] for `E`-byte values, on two threads: a decoder's weights are gigabytes and
 /// loading waits for them. The destination is written in order; each source row is read along
 /// its cache lines, `rows` rows at a time.
-fn tile_all<const E: usize>(src: &[u8], dst: &mut [u8], tile: usize, inputs: usize, rows: usize) {
+fn tile_all<const E: usize>(src: &[u8], dst: &mut [u8], inputs: usize, tile: Tile) {
+    let Tile { rows, depth } = tile;
+    let bytes = rows * inputs * E;
     let one = |(t, dst): (usize, &mut [u8])| {
-        let src = &src[t * tile..][..tile];
-        for (k, column) in dst.chunks_exact_mut(rows * E).enumerate() {
-            for (r, v) in column.chunks_exact_mut(E).enumerate() {
-                let at = (r * inputs + k) * E;
-                let value: [u8; E] = src[at..at + E].try_into().expect("invariant: E bytes");
-                v.copy_from_slice(&value);
+        let src = &src[t * bytes..][..bytes];
+        for (k, column) in dst.chunks_exact_mut(rows * depth * E).enumerate() {
+            for (r, run) in column.chunks_exact_mut(depth * E).enumerate() {
+                let at = (r * inputs + k * depth) * E;
+                run.copy_from_slice(&src[at..at + depth * E]);
             }
         }
     };
-    let half = (dst.len() / tile.max(1)).div_ceil(2);
-    let (first, rest) = dst.split_at_mut(half * tile);
+    let half = (dst.len() / bytes.max(1)).div_ceil(2);
+    let (first, rest) = dst.split_at_mut(half * bytes);
     std::thread::scope(|s| {
-        s.spawn(|| first.chunks_exact_mut(tile).enumerate().for_each(one));
-        rest.chunks_exact_mut(tile).enumerate().map(|(i, d)| (i + half, d)).for_each(one);
+        s.spawn(|| first.chunks_exact_mut(bytes).enumerate().for_each(one));
+        rest.chunks_exact_mut(bytes).enumerate().map(|(i, d)| (i + half, d)).for_each(one);
     });
 }
 
@@ -1399,23 +1414,41 @@ mod tests {
     }
 
     #[test]
-    fn a_matrix_is_tiled_row_r_at_tile_r_over_rows_and_lane_r_mod_rows() {
-        for (elem, rows, out, inputs) in [(2, 4, 12, 5), (4, 2, 6, 3), (1, 3, 9, 4), (2, 32, 64, 7), (2, 4, 4, 1)] {
+    fn a_matrix_is_tiled_row_r_input_i_at_r_over_rows_i_over_depth_and_their_remainders() {
+        for (elem, rows, depth, out, inputs) in [
+            (2, 4, 1, 12, 5),
+            (4, 2, 1, 6, 3),
+            (1, 3, 1, 9, 4),
+            (2, 32, 1, 64, 7),
+            (2, 4, 1, 4, 1),
+            (2, 16, 2, 32, 6),
+            (2, 4, 2, 8, 2),
+            (4, 2, 3, 4, 9),
+            (1, 2, 2, 4, 4),
+        ] {
             let src: Vec<u8> = (0..out * inputs * elem).map(|i| (i * 7 % 251) as u8).collect();
             let mut dst = vec![0u8; src.len()];
-            tile_rows(&src, &mut dst, out, inputs, rows, elem);
+            tile_rows(&src, &mut dst, out, inputs, Tile { rows, depth }, elem);
             for r in 0..out {
-                for k in 0..inputs {
-                    let stored = &src[(r * inputs + k) * elem..][..elem];
-                    let tiled = &dst[(((r / rows) * inputs + k) * rows + r % rows) * elem..][..elem];
-                    assert_eq!(stored, tiled, "row {r} input {k} of {out}x{inputs} in tiles of {rows}, {elem} bytes");
+                for i in 0..inputs {
+                    let stored = &src[(r * inputs + i) * elem..][..elem];
+                    let at = (((r / rows) * (inputs / depth) + i / depth) * rows + r % rows) * depth + i % depth;
+                    let tiled = &dst[at * elem..][..elem];
+                    assert_eq!(
+                        stored, tiled,
+                        "row {r} input {i} of {out}x{inputs} in tiles of {rows}x{depth}, {elem} bytes"
+                    );
                 }
             }
         }
-        assert_eq!(tiled_view("model.embed_tokens.weight|tile32"), Some(("model.embed_tokens.weight", 32)));
+        let tile = |rows, depth| Tile { rows, depth };
+        assert_eq!(tiled_view("model.embed_tokens.weight|tile32"), Some(("model.embed_tokens.weight", tile(32, 1))));
+        assert_eq!(tiled_view("w|tile16x2"), Some(("w", tile(16, 2))));
         assert_eq!(tiled_view("model.embed_tokens.weight"), None);
         assert_eq!(tiled_view("w|tile0"), None);
         assert_eq!(tiled_view("w|tilex"), None);
+        assert_eq!(tiled_view("w|tile16x0"), None);
+        assert_eq!(tiled_view("w|tile16x"), None);
     }
 
     #[test]

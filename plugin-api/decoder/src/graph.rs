@@ -30,7 +30,7 @@ use std::cell::RefCell;
 
 use mlxcel_emit::{
     AffineWeight, Compare, Elem, EmitError, Func, Global, Module, NumericContract, QLINEAR_FUSED_MAX_ROWS, Rows, Type,
-    Value, tiled_key, tiled_shape,
+    Value,
 };
 
 use crate::config::{Activation, LayerKind, TextConfig};
@@ -241,8 +241,8 @@ impl KvLayout {
 #[derive(Clone)]
 enum Lin {
     Dense(Global),
-    /// A 16-bit float matrix `[out, in]` served in row tiles, `[out / 32, in, 32, 1]`
-    /// (`NumericContract::linear_tiled`).
+    /// A 16-bit float matrix `[out, in]` served in the contract's tiles (`NumericContract::tiles`,
+    /// `NumericContract::linear_tiled`).
     Tiled(Global),
     Affine {
         q: Global,
@@ -460,12 +460,12 @@ pub fn emit_bundle(
     let lin = |m: &mut Module, key: String, out: usize, inputs: usize| -> Lin {
         let linear = Linear::detect(index, &key, cfg.quantization.as_ref());
         let Linear::Affine { weight, scales, biases, .. } = &linear else {
-            let Some(tiled) = tiled_shape(weights, out, inputs) else {
+            let Some(tiles) = contract.tiles(weights, out, inputs) else {
                 return Lin::Dense(p(m, key, &[out, inputs]));
             };
-            // Checked against the checkpoint as stored; served in row tiles.
+            // Checked against the checkpoint as stored; served in tiles.
             declared.borrow_mut().push((key.clone(), vec![out, inputs]));
-            return Lin::Tiled(m.param(&tiled_key(&key), Type::new(weights, &tiled)));
+            return Lin::Tiled(m.param(&tiles.key(&key), Type::new(weights, &tiles.shape(out, inputs))));
         };
         match check_affine(index, &linear, out, inputs) {
             Ok(layout) => {
@@ -838,7 +838,7 @@ impl Emitter<'_> {
                 let k = f.constant_f32(&[], &[scale]);
                 let k = f.convert(&k, self.c.activations);
                 let kb = f.broadcast(&k, rows.shape(), &[]);
-                f.mul(&rows, &kb)
+                self.c.act_mul(f, &rows, &kb)
             }
             None => rows,
         }
@@ -1109,22 +1109,22 @@ impl Emitter<'_> {
         let k = f.constant_f32(&[], &[(p as f64).sqrt() as f32]);
         let k = f.convert(&k, c.activations);
         let kb = f.broadcast(&k, rows.shape(), &[]);
-        let rows = f.mul(&rows, &kb);
+        let rows = c.act_mul(f, &rows, &kb);
         let rows = f.reshape(&rows, &[b, t, layers, p]);
         let y = self.linear(f, x, proj, None);
         let k = f.constant_f32(&[], &[(cfg.hidden as f64).powf(-0.5) as f32]);
         let k = f.convert(&k, c.activations);
         let kb = f.broadcast(&k, y.shape(), &[]);
-        let y = f.mul(&y, &kb);
+        let y = c.act_mul(f, &y, &kb);
         let y = f.reshape(&y, &[b, t, layers, p]);
         let nw = f.load(norm);
         let y = c.rms_norm(f, &y, &nw, cfg.rms_eps, cfg.norm_style);
-        let sum = f.add(&y, &rows);
+        let sum = c.act_add(f, &y, &rows);
         // torch.rsqrt(torch.tensor(2.0)) in f32.
         let k = f.constant_f32(&[], &[std::f32::consts::FRAC_1_SQRT_2]);
         let k = f.convert(&k, c.activations);
         let kb = f.broadcast(&k, sum.shape(), &[]);
-        Some(f.mul(&sum, &kb))
+        Some(c.act_mul(f, &sum, &kb))
     }
 
     /// The LM head over final-normed rows `[R, H]`: f32 logits `[R, V]`, soft-capped in the
@@ -1192,9 +1192,9 @@ impl Emitter<'_> {
         let rot = f.concat(&[nx2, x1], 3);
         let cb = f.broadcast(cos, &s, &[0, 1, 3]);
         let sb = f.broadcast(sin, &s, &[0, 1, 3]);
-        let a = f.mul(x, &cb);
-        let r = f.mul(&rot, &sb);
-        f.add(&a, &r)
+        let a = self.c.act_mul(f, x, &cb);
+        let r = self.c.act_mul(f, &rot, &sb);
+        self.c.act_add(f, &a, &r)
     }
 
     /// Writes `rows [B, T, N, D]` (row group `b` into its slot at its first cache row) into
@@ -1248,7 +1248,7 @@ impl Emitter<'_> {
     /// which `mask_dims` places in the scores' shape.
     fn probs(&self, f: &mut Func, scores: &Value, mask: &Value, mask_dims: &[usize]) -> Value {
         let scale = f.splat(scores.ty(), self.cfg.attn_scale);
-        let scores = f.mul(scores, &scale);
+        let scores = self.c.act_mul(f, scores, &scale);
         let sa = f.convert(&scores, Elem::F32);
         let mb = f.broadcast(mask, sa.shape(), mask_dims);
         let masked = f.add(&sa, &mb);
@@ -1525,7 +1525,7 @@ impl Emitter<'_> {
             gate = self.sparse(f, &gate, target);
         }
         let act = self.activation(f, &gate);
-        let prod = f.mul(&act, &up);
+        let prod = self.c.act_mul(f, &act, &up);
         self.linear(f, &prod, &w.down, None)
     }
 

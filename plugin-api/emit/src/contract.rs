@@ -21,7 +21,11 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v9: a prompt's rows ([`Rows::Prompt`]) take the many-rows form of `linear` and `qlinear` at
 /// every row count.
 /// v10: rotary tables from angles reduced by whole turns first ([`NumericContract::cos_sin`]).
-pub const CONTRACT_VERSION: u32 = 10;
+/// v11: under bf16 activations, `linear_tiled` contracts bf16 `x` with bf16 weights in tiles of
+/// 16 rows by 2 inputs ([`Tiles::BF16`]) by IREE's bf16 mmt4d microkernel, and every rounding to
+/// bf16 is written out on the bits ([`NumericContract::round`]), elementwise operations in the
+/// activations included ([`NumericContract::act_mul`], [`NumericContract::act_add`]).
+pub const CONTRACT_VERSION: u32 = 11;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -32,33 +36,68 @@ pub const CONTRACT_VERSION: u32 = 10;
 /// encoders) keep `x @ w^T`, and with it their measured bf16 numerics.
 pub const WEIGHT_LEFT_MAX_ROWS: usize = 16;
 
-/// Rows per tile of a weight served for [`NumericContract::linear_tiled`]: two 512-bit vectors
-/// of f32 outputs. Measured on 8960x1536 and 1536x8960 bf16 weights (IREE 3.13, 2 threads,
-/// against `linear`): tiles of 32 rows take 0.93 and 1.01 ms for one row of `x` (1.04 and
-/// 1.41), 1.58 and 1.88 ms for 8 rows (5.40 and 7.53), 10.1 and 11.1 ms for 64 (16.7 and
-/// 20.7); tiles of 16 rows run one accumulator per row of `x` and were slower for one row
+/// Rows per tile of a weight served for [`NumericContract::linear_tiled`] under f32 activations:
+/// two 512-bit vectors of f32 outputs. Measured on 8960x1536 and 1536x8960 bf16 weights (IREE
+/// 3.13, 2 threads, against `linear`): tiles of 32 rows take 0.93 and 1.01 ms for one row of `x`
+/// (1.04 and 1.41), 1.58 and 1.88 ms for 8 rows (5.40 and 7.53), 10.1 and 11.1 ms for 64 (16.7
+/// and 20.7); tiles of 16 rows run one accumulator per row of `x` and were slower for one row
 /// (1.17 ms), tiles of 64 slower for 8 (2.48 ms).
 pub const WEIGHT_TILE_ROWS: usize = 32;
 
 /// What joins a checkpoint key and its layout in the key a module declares for a tiled view.
 pub const TILED_KEY_SEPARATOR: &str = "|tile";
 
-/// The parameter key a module declares for the checkpoint matrix `key` served in row tiles,
-/// `[out / 32, in, 32, 1]`: the host builds that view once, at load, from the stored `[out, in]`.
-pub fn tiled_key(key: &str) -> String {
-    format!("{key}{TILED_KEY_SEPARATOR}{WEIGHT_TILE_ROWS}")
+/// The tiles a dense `[out, in]` matrix is served in for [`NumericContract::linear_tiled`],
+/// `[out / rows, in / depth, rows, depth]`: row `r`, input `i` of the stored matrix is at
+/// `[r / rows, i / depth, r % rows, i % depth]`. The host builds that view once, at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    pub rows: usize,
+    pub depth: usize,
 }
 
-/// The row tiles, `[out / 32, in, 32, 1]`, in which a dense `[out, in]` matrix stored as `elem`
-/// is served for [`NumericContract::linear_tiled`]: 16-bit float weights whose rows fill whole
-/// tiles. `None` for any other: f32 weights keep the checkpoint's layout, read in place.
+impl Tiles {
+    /// The tiles of f32 activations over 16-bit float weights: 32 rows by one input, each
+    /// output one f32 vector lane summing its inputs in order.
+    pub const F32: Tiles = Tiles { rows: WEIGHT_TILE_ROWS, depth: 1 };
+
+    /// The tiles of bf16 activations over bf16 weights: 16 rows by 2 inputs, the tile of IREE's
+    /// bf16 mmt4d microkernel (`vdpbf16ps` multiplies 2 bf16 pairs into each f32 lane). Measured
+    /// on an 8960x1536 weight (IREE 3.13, 2 threads, AMD Zen 4): 64 rows of `x` 6.3 ms (278
+    /// GFLOP/s) against 10.1 ms for f32 activations in [`Tiles::F32`], 1 row 0.57 against 0.93
+    /// ms, 8 rows 1.59 against 1.58 ms.
+    pub const BF16: Tiles = Tiles { rows: 16, depth: 2 };
+
+    /// `[out / rows, in / depth, rows, depth]`.
+    pub fn shape(&self, out: usize, inputs: usize) -> [usize; 4] {
+        [out / self.rows, inputs / self.depth, self.rows, self.depth]
+    }
+
+    /// Whether an `[out, in]` matrix fills whole tiles.
+    pub fn fit(&self, out: usize, inputs: usize) -> bool {
+        out.is_multiple_of(self.rows) && inputs.is_multiple_of(self.depth)
+    }
+
+    /// The parameter key a module declares for the checkpoint matrix `key` in these tiles:
+    /// `{key}|tile{rows}`, or `{key}|tile{rows}x{depth}` for tiles deeper than one input.
+    pub fn key(&self, key: &str) -> String {
+        match self.depth {
+            1 => format!("{key}{TILED_KEY_SEPARATOR}{}", self.rows),
+            d => format!("{key}{TILED_KEY_SEPARATOR}{}x{d}", self.rows),
+        }
+    }
+}
+
+/// The parameter key an f32-activation module (every encoder) declares for the checkpoint
+/// matrix `key` served in [`Tiles::F32`].
+pub fn tiled_key(key: &str) -> String {
+    Tiles::F32.key(key)
+}
+
+/// The tiles, as [`NumericContract::tiles`] of f32 activations gives them, in which a dense `[out,
+/// in]` matrix stored as `elem` is served: its shape, or `None` when it is read as stored.
 pub fn tiled_shape(elem: Elem, out: usize, inputs: usize) -> Option<[usize; 4]> {
-    (matches!(elem, Elem::BF16 | Elem::F16) && out.is_multiple_of(WEIGHT_TILE_ROWS)).then_some([
-        out / WEIGHT_TILE_ROWS,
-        inputs,
-        WEIGHT_TILE_ROWS,
-        1,
-    ])
+    NumericContract::f32().tiles(elem, out, inputs).map(|t| t.shape(out, inputs))
 }
 
 /// A linear weight `[out, in]` in MLX's affine quantization, as a module declares it: `q` holds
@@ -117,7 +156,7 @@ impl ContractDescriptor {
 /// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
 const ROUNDING: [&str; 11] = [
     "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
-    "linear_tiled: as linear, the weight widened inside the contraction",
+    "linear_tiled: as linear, the weight (and under bf16 activations x) widened inside the contraction",
     "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
     "rms_norm one_plus: normalised and scaled by (1 + w) in the accumulator, rounded once",
     "layer_norm: in the accumulator (biased variance), rounded once",
@@ -135,8 +174,10 @@ const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles
                            apart and then combined); qlinear over up to 8 rows reduces each output over \
                            (groups, group_size) at once, and linear over up to 16 rows contracts with the weight \
                            on the left, except over a prompt's rows (a prefill call), which take the form of more \
-                           rows at every count; linear_tiled (16-bit float weights in row tiles of 32) \
-                           sums each output over its inputs in order, one vector lane per output; linear over one \
+                           rows at every count; linear_tiled under f32 activations (16-bit float weights in row tiles \
+                           of 32) sums each output over its inputs in order, one vector lane per output, and \
+                           under bf16 activations (bf16 weights in tiles of 16 rows by 2 inputs) in the order of \
+                           IREE's bf16 mmt4d microkernel, two inputs' products added to each lane at a time; linear over one \
                            row of 16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
                            lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated)";
 
@@ -222,6 +263,19 @@ impl NumericContract {
         format!("numeric-contract=v{}:act={}:acc={}", self.version, self.activations, self.accumulate)
     }
 
+    /// The tiles a dense `[out, in]` matrix stored as `elem` is served in for
+    /// [`Self::linear_tiled`], or `None` when it is read as stored: 16-bit float weights under
+    /// f32 activations in [`Tiles::F32`], bf16 weights under bf16 activations in [`Tiles::BF16`],
+    /// when the matrix fills whole tiles. f32 weights keep the checkpoint's layout, read in place.
+    pub fn tiles(&self, elem: Elem, out: usize, inputs: usize) -> Option<Tiles> {
+        let tiles = match (self.activations, elem) {
+            (Elem::F32, Elem::BF16 | Elem::F16) => Tiles::F32,
+            (Elem::BF16, Elem::BF16) => Tiles::BF16,
+            _ => return None,
+        };
+        tiles.fit(out, inputs).then_some(tiles)
+    }
+
     /// `x @ w^T (+ bias)` for a torch `Linear` weight `w` of `[out, in]`:
     /// operands are widened to the accumulator, contracted, and the result
     /// rounded once to the activation dtype (after the bias, as torch's
@@ -247,26 +301,29 @@ impl NumericContract {
         self.bias_and_round(f, &y, bias)
     }
 
-    /// `x @ w^T (+ bias)` for a weight served in row tiles, `w [out / t, in, t, 1]` (row
-    /// `r` of the stored matrix is `w[r / t, :, r % t, 0]`): `x`'s rows are tiled the same
-    /// way and the two contracted by `linalg.mmt4d` in the accumulator, the weight widened
-    /// inside it, then the bias added and the result rounded once, as [`Self::linear`].
+    /// `x @ w^T (+ bias)` for a weight served in tiles ([`Tiles`]), `w [out / t, in / k, t, k]`:
+    /// `x`'s rows are tiled the same way, in the activation dtype, and the two contracted by
+    /// `linalg.mmt4d` into the accumulator, the weight widened inside it, then the bias added
+    /// and the result rounded once, as [`Self::linear`].
     ///
-    /// Each output is one vector lane summing its products over the inputs in order, so no
-    /// reduction is reassociated; IREE 3.13's mmt4d codegen streams the stored 16-bit weight
-    /// with one widening per 16 weights and one multiply-add per row of `x`, where a
-    /// `dot_general` over `[out, in]` transposes every weight tile (BENCHMARKS.md, "tiled
-    /// weights").
+    /// Under f32 activations ([`Tiles::F32`]) each output is one vector lane summing its products
+    /// over the inputs in order, so no reduction is reassociated; IREE 3.13's mmt4d codegen
+    /// streams the stored 16-bit weight with one widening per 16 weights and one multiply-add per
+    /// row of `x`, where a `dot_general` over `[out, in]` transposes every weight tile
+    /// (BENCHMARKS.md, "tiled weights"). Under bf16 activations ([`Tiles::BF16`]) both operands
+    /// are bf16 and IREE's bf16 mmt4d microkernel contracts them (the bundle enables it), adding
+    /// each output's products to its lane two inputs at a time.
     pub fn linear_tiled(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>) -> Value {
-        let [tiles, inputs, t] = match w.shape() {
-            &[tiles, inputs, t, 1] => [tiles, inputs, t],
-            _ => [0, x.shape().last().copied().unwrap_or(0), 1],
+        let [tiles, depth, t, k] = match w.shape() {
+            &[tiles, depth, t, k] => [tiles, depth, t, k],
+            _ => [0, x.shape().last().copied().unwrap_or(0), 1, 1],
         };
+        let inputs = depth * k;
         let rank = x.ty().rank();
         let last = rank.saturating_sub(1);
         let lead = x.shape()[..last].to_vec();
         let rows: usize = lead.iter().product();
-        let xa = f.convert(x, self.accumulate);
+        let xa = f.convert(x, self.activations);
         let mut x2 = f.reshape(&xa, &[rows, inputs]);
         // Rows with no divisor from 8 to 16 (a vision tower's 577 = 24 * 24 + 1) are padded
         // with zero rows to a multiple of 16, whose outputs are dropped: tiles of fewer rows run
@@ -277,13 +334,13 @@ impl NumericContract {
             rows
         };
         if padded > rows {
-            let zeros = f.splat(&Type::new(self.accumulate, &[padded - rows, inputs]), 0.0);
+            let zeros = f.splat(&Type::new(self.activations, &[padded - rows, inputs]), 0.0);
             x2 = f.concat(&[x2, zeros], 0);
         }
         let m0 = lhs_tile_rows(padded);
-        let xr = f.reshape(&x2, &[padded / m0, m0, inputs, 1]);
+        let xr = f.reshape(&x2, &[padded / m0, m0, depth, k]);
         let lhs = f.transpose(&xr, &[0, 2, 1, 3]);
-        let y4 = f.mmt4d(&lhs, w);
+        let y4 = f.mmt4d(&lhs, w, self.accumulate);
         let y = f.transpose(&y4, &[0, 2, 1, 3]);
         let mut y = f.reshape(&y, &[padded, tiles * t]);
         if padded > rows {
@@ -375,7 +432,7 @@ impl NumericContract {
             }
             None => y.clone(),
         };
-        f.convert(&y, self.activations)
+        self.round(f, &y)
     }
 
     /// Batched matmul in the accumulator, rounded to the activation dtype.
@@ -390,7 +447,7 @@ impl NumericContract {
         let aa = f.convert(a, self.accumulate);
         let ba = f.convert(b, self.accumulate);
         let y = f.dot_general(&aa, &ba, batch, contract);
-        f.convert(&y, self.activations)
+        self.round(f, &y)
     }
 
     /// RMSNorm over the last dimension, computed in the accumulator:
@@ -414,10 +471,10 @@ impl NumericContract {
         let normed = f.mul(&xa, &rb);
         match style {
             RmsStyle::Plain => {
-                let normed = f.convert(&normed, self.activations);
+                let normed = self.round(f, &normed);
                 let wv = f.convert(w, self.activations);
                 let wb = f.broadcast_to(&wv, &shape);
-                f.mul(&wb, &normed)
+                self.act_mul(f, &wb, &normed)
             }
             RmsStyle::OnePlus => {
                 let wa = f.convert(w, self.accumulate);
@@ -425,7 +482,7 @@ impl NumericContract {
                 let scale = f.add(&one, &wa);
                 let sb = f.broadcast_to(&scale, &shape);
                 let y = f.mul(&normed, &sb);
-                f.convert(&y, self.activations)
+                self.round(f, &y)
             }
         }
     }
@@ -456,7 +513,7 @@ impl NumericContract {
         let bb = f.broadcast_to(&ba, &shape);
         let scaled = f.mul(&normed, &wb);
         let y = f.add(&scaled, &bb);
-        f.convert(&y, self.activations)
+        self.round(f, &y)
     }
 
     /// SiLU as torch computes it: `x / (1 + exp(-x))` in the accumulator,
@@ -468,7 +525,7 @@ impl NumericContract {
         let one = f.splat(xa.ty(), 1.0);
         let denom = f.add(&one, &e);
         let y = f.div(&xa, &denom);
-        f.convert(&y, self.activations)
+        self.round(f, &y)
     }
 
     /// `(cos a, sin a)` of f32 rotary angles `a` (`position * inv_freq`), as torch computes them
@@ -523,7 +580,7 @@ impl NumericContract {
         let hx = f.mul(&half, &xa);
         let onet = f.add(&one, &t);
         let y = f.mul(&hx, &onet);
-        f.convert(&y, self.activations)
+        self.round(f, &y)
     }
 
     /// Exact GELU (transformers' `gelu`, torch's `F.gelu` with `approximate="none"`):
@@ -554,7 +611,7 @@ impl NumericContract {
         let one = c(f, 1.0);
         let onep = f.add(&one, &erf);
         let y = f.mul(&hx, &onep);
-        f.convert(&y, self.activations)
+        self.round(f, &y)
     }
 
     /// transformers' `quick_gelu`, `x * sigmoid(1.702 x)`, with the sigmoid as torch's CPU
@@ -569,7 +626,7 @@ impl NumericContract {
         let denom = f.add(&one, &e);
         let s = f.div(&one, &denom);
         let y = f.mul(&xa, &s);
-        f.convert(&y, self.activations)
+        self.round(f, &y)
     }
 
     /// Softmax over the last dimension in the accumulator (max-subtracted),
@@ -586,12 +643,58 @@ impl NumericContract {
         let s = f.reduce(&e, &[last], Reduce::Sum);
         let sb = f.broadcast(&s, &shape, &lead);
         let p = f.div(&e, &sb);
-        f.convert(&p, self.activations)
+        self.round(f, &p)
     }
 
     /// A residual add in the activation dtype.
     pub fn residual(&self, f: &mut Func, x: &Value, delta: &Value) -> Value {
-        f.add(x, delta)
+        self.act_add(f, x, delta)
+    }
+
+    /// `y` rounded to the activation dtype, to nearest even. Under bf16 activations the
+    /// rounding is written out on the f32 bits (add `0x7fff` plus the lowest kept bit, clear the
+    /// low 16), and the result converted to bf16 exactly: IREE 3.13 drops a `bf16` conversion
+    /// whose value a fused bf16 operation widens again (`extf(truncf(x))` folds under its
+    /// `contract` fast-math flag), so an RMSNorm multiplied its weight by the unrounded norm and
+    /// 248 of 448 logits of a one-token prompt differed from torch's in bf16; written out, none.
+    fn round(&self, f: &mut Func, y: &Value) -> Value {
+        if self.activations != Elem::BF16 || y.elem() != Elem::F32 {
+            return f.convert(y, self.activations);
+        }
+        let ty = y.ty().with_elem(Elem::I32);
+        let splat = |f: &mut Func, v: f64| f.splat(&ty, v);
+        let bits = f.bitcast_convert(y, Elem::I32);
+        let sixteen = splat(f, 16.0);
+        let kept = f.shift_right_logical(&bits, &sixteen);
+        let one = splat(f, 1.0);
+        let lowest = f.and(&kept, &one);
+        let half = splat(f, f64::from(0x7fff));
+        let biased = f.add(&bits, &half);
+        let biased = f.add(&biased, &lowest);
+        let high = splat(f, f64::from(-65536i32));
+        let rounded = f.and(&biased, &high);
+        let rounded = f.bitcast_convert(&rounded, Elem::F32);
+        f.convert(&rounded, self.activations)
+    }
+
+    /// `a * b` elementwise in the activation dtype, as torch multiplies two tensors of it:
+    /// in f32 and rounded (written out under bf16 activations, see [`Self::round`]).
+    pub fn act_mul(&self, f: &mut Func, a: &Value, b: &Value) -> Value {
+        self.act_binary(f, a, b, Func::mul)
+    }
+
+    /// `a + b` elementwise in the activation dtype (see [`Self::act_mul`]).
+    pub fn act_add(&self, f: &mut Func, a: &Value, b: &Value) -> Value {
+        self.act_binary(f, a, b, Func::add)
+    }
+
+    fn act_binary(&self, f: &mut Func, a: &Value, b: &Value, op: fn(&mut Func, &Value, &Value) -> Value) -> Value {
+        if self.activations != Elem::BF16 || a.elem() != Elem::BF16 {
+            return op(f, a, b);
+        }
+        let (aw, bw) = (f.convert(a, Elem::F32), f.convert(b, Elem::F32));
+        let y = op(f, &aw, &bw);
+        self.round(f, &y)
     }
 
     /// A type in the activation dtype.

@@ -134,6 +134,14 @@ impl Func {
     pub fn mul(&mut self, a: &Value, b: &Value) -> Value {
         self.binary("multiply", a, b)
     }
+    /// Bitwise and of integers.
+    pub fn and(&mut self, a: &Value, b: &Value) -> Value {
+        self.binary("and", a, b)
+    }
+    /// `a >> b`, shifting zeros in.
+    pub fn shift_right_logical(&mut self, a: &Value, b: &Value) -> Value {
+        self.binary("shift_right_logical", a, b)
+    }
     pub fn div(&mut self, a: &Value, b: &Value) -> Value {
         self.binary("divide", a, b)
     }
@@ -414,21 +422,23 @@ impl Func {
     }
 
     /// `linalg.mmt4d`: `lhs [m1, k1, m0, k0]` times `rhs [n1, k1, n0, k0]` into
-    /// `[m1, n1, m0, n0]` in `lhs`'s element type, each operand widened to it inside the
-    /// operation (so a 16-bit `rhs` is read as it is stored). The only linalg operation a
-    /// graph emits: StableHLO has no contraction over pre-tiled operands, and IREE compiles
-    /// `linalg.mmt4d` with its tile-by-tile codegen, one vector lane per output column.
-    pub fn mmt4d(&mut self, lhs: &Value, rhs: &Value) -> Value {
+    /// `[m1, n1, m0, n0]` in `acc`, each operand widened to it inside the operation (so a 16-bit
+    /// `rhs` is read as it is stored). The only linalg operation a graph emits: StableHLO has no
+    /// contraction over pre-tiled operands, and IREE compiles `linalg.mmt4d` with its
+    /// tile-by-tile codegen (one vector lane per output column), or its mmt4d microkernel where a
+    /// module enables it.
+    pub fn mmt4d(&mut self, lhs: &Value, rhs: &Value, acc: Elem) -> Value {
         let (a, b) = (&lhs.ty.shape, &rhs.ty.shape);
         let shape = match (a.as_slice(), b.as_slice()) {
             (&[m1, _, m0, _], &[n1, _, n0, _]) => vec![m1, n1, m0, n0],
             _ => vec![],
         };
-        let out = lhs.ty.with_shape(&shape);
+        let out = Type::new(acc, &shape);
         let fits = shape.len() == 4 && a[1] == b[1] && a[3] == b[3];
-        let widens = lhs.ty.elem.is_float() && rhs.ty.elem.is_float() && rhs.ty.elem.bits() <= lhs.ty.elem.bits();
+        let widens =
+            [lhs.ty.elem, rhs.ty.elem].iter().all(|e| e.is_float() && e.bits() <= acc.bits()) && acc.is_float();
         if !fits || !widens {
-            return self.fail("mmt4d", format!("{} . {}", lhs.ty, rhs.ty), out);
+            return self.fail("mmt4d", format!("{} . {} into {acc}", lhs.ty, rhs.ty), out);
         }
         let init = self.splat(&out, 0.0);
         self.emit(
@@ -444,37 +454,39 @@ impl Func {
         )
     }
 
-    /// Rows of a table stored in row tiles, `[n / t, d, t, 1]` (see [`Func::mmt4d`]'s right
+    /// Rows of a table stored in tiles, `[n / t, d / k, t, k]` (see [`Func::mmt4d`]'s right
     /// operand), picked by `indices` `[k]` (i32): `[k, d]`, as [`Func::gather_rows`] picks them
     /// from the `[n, d]` table.
     pub fn gather_tiled_rows(&mut self, table: &Value, indices: &Value) -> Value {
-        let (k, d, t) = match (table.ty.shape.as_slice(), indices.ty.shape.as_slice()) {
-            (&[_, d, t, 1], &[k]) => (k, d, t),
-            _ => (0, 0, 0),
+        let (n, depth, t, k) = match (table.ty.shape.as_slice(), indices.ty.shape.as_slice()) {
+            (&[_, depth, t, k], &[n]) => (n, depth, t, k),
+            _ => (0, 0, 0, 0),
         };
-        let out = table.ty.with_shape(&[k, d]);
+        let out = table.ty.with_shape(&[n, depth * k]);
         if t == 0 || indices.ty.elem != Elem::I32 {
             return self.fail("gather", format!("tiled rows of {} by {}", table.ty, indices.ty), out);
         }
-        // Start indices (row / t, 0, row % t, 0): one slice of d values, strided by t.
+        // Start indices (row / t, 0, row % t, 0): one slice of d / k groups of k values.
         let tile = self.splat(&indices.ty, t as f64);
         // Token ids are not negative, so the truncating division is the floor.
         let major = self.div(indices, &tile);
         let whole = self.mul(&major, &tile);
         let minor = self.sub(indices, &whole);
         let zero = self.splat(&indices.ty, 0.0);
-        let cols: Vec<Value> = [&major, &zero, &minor, &zero].iter().map(|c| self.reshape(c, &[k, 1])).collect();
+        let cols: Vec<Value> = [&major, &zero, &minor, &zero].iter().map(|c| self.reshape(c, &[n, 1])).collect();
         let idx = self.concat(&cols, 1);
-        self.emit(
-            out.clone(),
+        let groups = table.ty.with_shape(&[n, depth, k]);
+        let rows = self.emit(
+            groups.clone(),
             format!(
-                "\"stablehlo.gather\"({}, {}) {{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0, 2, 3], start_index_map = [0, 1, 2, 3], index_vector_dim = 1>, slice_sizes = array<i64: 1, {d}, 1, 1>, indices_are_sorted = false}} : ({}, {}) -> {out}",
+                "\"stablehlo.gather\"({}, {}) {{dimension_numbers = #stablehlo.gather<offset_dims = [1, 2], collapsed_slice_dims = [0, 2], start_index_map = [0, 1, 2, 3], index_vector_dim = 1>, slice_sizes = array<i64: 1, {depth}, 1, {k}>, indices_are_sorted = false}} : ({}, {}) -> {groups}",
                 table.name(),
                 idx.name(),
                 table.ty,
                 idx.ty
             ),
-        )
+        );
+        self.reshape(&rows, &[n, depth * k])
     }
 
     /// Sums or maxes over `dims` (removed from the shape).

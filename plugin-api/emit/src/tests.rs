@@ -11,6 +11,39 @@ fn op_names(text: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The operations a rounding to bf16 is written out in (`NumericContract::round`).
+const ROUND_BF16: [&str; 12] = [
+    "stablehlo.bitcast_convert",
+    "stablehlo.constant",
+    "stablehlo.shift_right_logical",
+    "stablehlo.constant",
+    "stablehlo.and",
+    "stablehlo.constant",
+    "stablehlo.add",
+    "stablehlo.add",
+    "stablehlo.constant",
+    "stablehlo.and",
+    "stablehlo.bitcast_convert",
+    "stablehlo.convert",
+];
+
+/// [`op_names`] with each written-out rounding to bf16 as one `round bf16`.
+fn op_names_rounded(text: &str) -> Vec<&str> {
+    let ops = op_names(text);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < ops.len() {
+        if ops[i..].starts_with(&ROUND_BF16) {
+            out.push("round bf16");
+            i += ROUND_BF16.len();
+        } else {
+            out.push(ops[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 fn t(shape: &[usize]) -> Type {
     Type::new(Elem::F32, shape)
 }
@@ -115,7 +148,7 @@ fn bf16_linear_widens_then_rounds_once() {
     let y = NumericContract::bf16().linear(&mut f, &a[0], &wv, None);
     m.add_func(f, &[y]);
     let text = m.finish().expect("valid");
-    let ops = op_names(&text);
+    let ops = op_names_rounded(&text);
     assert_eq!(
         ops,
         [
@@ -124,7 +157,7 @@ fn bf16_linear_widens_then_rounds_once() {
             "stablehlo.convert",
             "stablehlo.dot_general",
             "stablehlo.transpose",
-            "stablehlo.convert"
+            "round bf16"
         ]
     );
     // The weight is the left operand (see `linear`), the result transposed back.
@@ -145,10 +178,42 @@ fn rms_norm_styles_round_at_their_own_points() {
     };
     let plain = render(RmsStyle::Plain);
     let gemma = render(RmsStyle::OnePlus);
-    let last_line = |s: &str| s.lines().rev().find(|l| l.contains(" = ")).unwrap_or("").to_owned();
-    assert!(last_line(&plain).contains("stablehlo.multiply") && last_line(&plain).contains("bf16"), "{plain}");
-    assert!(last_line(&gemma).contains("stablehlo.convert"), "{gemma}");
+    // Each rounding to bf16 is written out on the f32 bits (one right shift each).
+    let roundings = |s: &str| s.matches("stablehlo.shift_right_logical").count();
+    assert_eq!(roundings(&plain), 2, "the norm rounded, then its product with the weight: {plain}");
+    assert_eq!(roundings(&gemma), 1, "rounded once: {gemma}");
+    assert!(
+        plain.contains("(tensor<2x4xbf16>) -> tensor<2x4xf32>"),
+        "the rounded norm widened for the product: {plain}"
+    );
     assert!(gemma.contains("dense<1.00000000000000000e0> : tensor<4xf32>"), "(1 + w) in f32: {gemma}");
+}
+
+/// Mutation-sensitive: under bf16 activations a rounding to bf16 is written out on the f32 bits
+/// (to nearest even: `bits + 0x7fff + lowest kept bit`, the low 16 bits cleared) before the
+/// conversion, and an elementwise operation in the activations computes in f32 and rounds so;
+/// under f32 activations neither emits anything but the operation.
+#[test]
+fn bf16_roundings_are_written_out_on_the_bits() {
+    let render = |c: NumericContract, elem: Elem| {
+        let mut m = Module::new("m");
+        let (mut f, a) = m.func("f", &[Type::new(elem, &[2, 4]), Type::new(elem, &[2, 4])]);
+        let s = c.residual(&mut f, &a[0], &a[1]);
+        let y = c.act_mul(&mut f, &s, &a[1]);
+        m.add_func(f, &[y]);
+        m.finish().expect("valid")
+    };
+    let bf16 = render(NumericContract::bf16(), Elem::BF16);
+    assert_eq!(bf16.matches("stablehlo.shift_right_logical").count(), 2, "{bf16}");
+    assert!(bf16.contains("dense<32767> : tensor<2x4xi32>"), "{bf16}");
+    assert!(bf16.contains("dense<-65536> : tensor<2x4xi32>"), "{bf16}");
+    assert!(bf16.contains("stablehlo.add") && bf16.contains("stablehlo.multiply"), "{bf16}");
+    assert!(bf16.contains("stablehlo.multiply %") && bf16.contains(": tensor<2x4xf32>"), "computed in f32: {bf16}");
+    let ops = op_names(&bf16);
+    assert_eq!(ops.iter().filter(|o| **o == "stablehlo.bitcast_convert").count(), 4, "{ops:?}");
+    let f32 = render(NumericContract::f32(), Elem::F32);
+    let ops = op_names(&f32);
+    assert_eq!(ops, vec!["stablehlo.add", "stablehlo.multiply"], "{f32}");
 }
 
 #[test]
@@ -168,7 +233,7 @@ fn bf16_silu_rounds_once() {
     let y = NumericContract::bf16().silu(&mut f, &a[0]);
     m.add_func(f, &[y]);
     let text = m.finish().expect("valid");
-    let ops = op_names(&text);
+    let ops = op_names_rounded(&text);
     assert_eq!(
         ops,
         [
@@ -178,7 +243,7 @@ fn bf16_silu_rounds_once() {
             "stablehlo.constant",
             "stablehlo.add",
             "stablehlo.divide",
-            "stablehlo.convert"
+            "round bf16"
         ]
     );
 }
@@ -229,9 +294,9 @@ fn bf16_gelu_erf_follows_torchs_polynomial_and_rounds_once() {
         "stablehlo.constant",
         "stablehlo.add",
         "stablehlo.multiply",
-        "stablehlo.convert",
+        "round bf16",
     ]);
-    assert_eq!(op_names(&text), want, "{text}");
+    assert_eq!(op_names_rounded(&text), want, "{text}");
     // Each coefficient in Horner order, then 1/sqrt(2) scaling the input, all in f32.
     let literal = |v: f64| format!("dense<{v:.17e}> : tensor<4xf32>");
     let mut at = 0;
@@ -250,7 +315,7 @@ fn bf16_gelu_erf_follows_torchs_polynomial_and_rounds_once() {
 fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
     let text = bf16_activation(NumericContract::quick_gelu);
     assert_eq!(
-        op_names(&text),
+        op_names_rounded(&text),
         [
             "stablehlo.convert",
             "stablehlo.constant",
@@ -261,7 +326,7 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
             "stablehlo.add",
             "stablehlo.divide",
             "stablehlo.multiply",
-            "stablehlo.convert"
+            "round bf16"
         ],
         "{text}"
     );
@@ -276,8 +341,8 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 10);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v10:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 11);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v11:act=f32:acc=f32");
 }
 
 /// A bf16-scaled 4-bit weight `[3, 64]` in groups of 32, and a function over `x`.
@@ -396,7 +461,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":10,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":11,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert!(dense.rounding.iter().any(|r| r.starts_with("qlinear")));
     let q = NumericContract::f32().descriptor(
@@ -412,20 +477,23 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert_ne!(other_backend.to_json(), dense.to_json());
 }
 
-/// Mutation-sensitive: a linear over a weight in row tiles widens `x` to f32, tiles its rows
-/// (`[rows / m0, in, m0, 1]`, `m0` the largest divisor of the rows up to 16; rows with none
-/// from 8 up padded to a multiple of 16), contracts with
-/// `linalg.mmt4d` reading the bf16 weight as stored, adds the bias in f32 and rounds once.
+/// Mutation-sensitive: a linear over a weight in row tiles under f32 activations takes `x` in
+/// f32, tiles its rows (`[rows / m0, in, m0, 1]`, `m0` the largest divisor of the rows up to 16;
+/// rows with none from 8 up padded to a multiple of 16), contracts with `linalg.mmt4d` reading
+/// the bf16 weight as stored, adds the bias in f32 and rounds once.
 #[test]
 fn a_tiled_linear_contracts_the_stored_weight_by_mmt4d_in_f32_and_rounds_once() {
     for (rows, m0) in [(1usize, 1usize), (8, 8), (64, 16), (24, 12), (40, 10), (21, 16), (577, 16)] {
         let mut m = Module::new("m");
-        let w = m.param(&crate::tiled_key("w.weight"), Type::new(Elem::BF16, &[2, 64, 32, 1]));
+        let c = NumericContract::f32();
+        let tiles = c.tiles(Elem::BF16, 64, 64).expect("bf16 rows fill tiles of 32");
+        assert_eq!(tiles, crate::Tiles::F32);
+        let w = m.param(&tiles.key("w.weight"), Type::new(Elem::BF16, &tiles.shape(64, 64)));
         let b = m.param("w.bias", Type::new(Elem::BF16, &[64]));
-        let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[1, rows, 64])]);
+        let (mut f, a) = m.func("f", &[Type::new(Elem::F32, &[1, rows, 64])]);
         let (wv, bv) = (f.load(&w), f.load(&b));
-        let y = NumericContract::bf16().linear_tiled(&mut f, &a[0], &wv, Some(&bv));
-        assert_eq!(y.ty(), &Type::new(Elem::BF16, &[1, rows, 64]));
+        let y = c.linear_tiled(&mut f, &a[0], &wv, Some(&bv));
+        assert_eq!(y.ty(), &Type::new(Elem::F32, &[1, rows, 64]));
         m.add_func(f, &[y]);
         let text = m.finish().expect("valid");
         assert!(text.contains("\"model\"::\"w.weight|tile32\"> : tensor<2x64x32x1xbf16>"), "{text}");
@@ -437,8 +505,6 @@ fn a_tiled_linear_contracts_the_stored_weight_by_mmt4d_in_f32_and_rounds_once() 
         let ops = op_names(&text);
         assert_eq!(ops.iter().filter(|o| **o == "linalg.mmt4d").count(), 1, "{ops:?}");
         assert!(!ops.contains(&"stablehlo.dot_general"), "{ops:?}");
-        let to_bf16 = text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
-        assert_eq!(to_bf16, 1, "rounded once: {text}");
         assert!(text.contains("(tensor<64xbf16>) -> tensor<64xf32>"), "bias widened: {text}");
         assert!(text.contains("stablehlo.add"), "bias added: {text}");
         let padded = rows.next_multiple_of(16) > rows && rows % m0 != 0;
@@ -446,19 +512,63 @@ fn a_tiled_linear_contracts_the_stored_weight_by_mmt4d_in_f32_and_rounds_once() 
     }
 }
 
-/// Rows of a tiled table are gathered at `(row / t, :, row % t, 0)`.
+/// Mutation-sensitive: under bf16 activations a bf16 weight is served in tiles of 16 rows by 2
+/// inputs, `x` stays bf16 in the same tiles (`[rows / m0, in / 2, m0, 2]`), `linalg.mmt4d`
+/// accumulates the two bf16 operands in f32, and the bias is added in f32 before the one rounding
+/// to bf16. f32 and f16 weights are not tiled under bf16 activations, nor matrices that do not
+/// fill the tiles.
+#[test]
+fn a_bf16_tiled_linear_contracts_bf16_operands_in_tiles_of_16_by_2_into_f32_and_rounds_once() {
+    let c = NumericContract::bf16();
+    assert_eq!(c.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::BF16));
+    assert_eq!(c.tiles(Elem::BF16, 24, 64), None, "24 rows do not fill tiles of 16");
+    assert_eq!(c.tiles(Elem::BF16, 64, 63), None, "63 inputs do not fill pairs");
+    assert_eq!(c.tiles(Elem::F16, 64, 64), None);
+    assert_eq!(c.tiles(Elem::F32, 64, 64), None);
+    assert_eq!(NumericContract::f32().tiles(Elem::F32, 64, 64), None, "f32 weights are read in place");
+    for (rows, m0) in [(1usize, 1usize), (8, 8), (16, 16), (64, 16)] {
+        let mut m = Module::new("m");
+        let tiles = crate::Tiles::BF16;
+        let w = m.param(&tiles.key("w.weight"), Type::new(Elem::BF16, &tiles.shape(64, 64)));
+        let b = m.param("w.bias", Type::new(Elem::BF16, &[64]));
+        let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[1, rows, 64])]);
+        let (wv, bv) = (f.load(&w), f.load(&b));
+        let y = c.linear_tiled(&mut f, &a[0], &wv, Some(&bv));
+        assert_eq!(y.ty(), &Type::new(Elem::BF16, &[1, rows, 64]));
+        m.add_func(f, &[y]);
+        let text = m.finish().expect("valid");
+        assert!(text.contains("\"model\"::\"w.weight|tile16x2\"> : tensor<4x32x16x2xbf16>"), "{text}");
+        let line = text.lines().find(|l| l.contains("linalg.mmt4d")).expect("an mmt4d");
+        let m1 = rows / m0;
+        let types = format!(": tensor<{m1}x32x{m0}x2xbf16>, tensor<4x32x16x2xbf16>) outs(");
+        assert!(line.contains(&types), "{rows} rows: x in bf16 tiles, the weight as stored: {line}");
+        assert!(line.ends_with(&format!("-> tensor<{m1}x4x{m0}x16xf32>")), "accumulates in f32: {line}");
+        let to_bf16 = text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
+        assert_eq!(to_bf16, 1, "rounded once: {text}");
+        let to_f32 = text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xf32>")).count();
+        assert_eq!(to_f32, 1, "only the bias is widened ahead: {text}");
+        assert!(text.contains("(tensor<64xbf16>) -> tensor<64xf32>"), "bias widened: {text}");
+    }
+}
+
+/// Rows of a tiled table are gathered at `(row / t, :, row % t, :)`, in tiles one input deep and
+/// two deep alike.
 #[test]
 fn rows_of_a_tiled_table_are_gathered_across_the_tile() {
-    let mut m = Module::new("m");
-    let w = m.param(&crate::tiled_key("embed.weight"), Type::new(Elem::BF16, &[4, 8, 32, 1]));
-    let (mut f, a) = m.func("f", &[Type::new(Elem::I32, &[5])]);
-    let table = f.load(&w);
-    let rows = f.gather_tiled_rows(&table, &a[0]);
-    assert_eq!(rows.ty(), &Type::new(Elem::BF16, &[5, 8]));
-    m.add_func(f, &[rows]);
-    let text = m.finish().expect("valid");
-    assert!(text.contains("collapsed_slice_dims = [0, 2, 3], start_index_map = [0, 1, 2, 3]"), "{text}");
-    assert!(text.contains("slice_sizes = array<i64: 1, 8, 1, 1>"), "{text}");
-    assert!(text.contains("stablehlo.constant dense<32> : tensor<5xi32>"), "{text}");
-    assert!(text.contains("stablehlo.divide") && text.contains("stablehlo.subtract"), "{text}");
+    for (tiles, shape) in [(crate::Tiles::F32, "4x8x32x1"), (crate::Tiles::BF16, "8x4x16x2")] {
+        let mut m = Module::new("m");
+        let w = m.param(&tiles.key("embed.weight"), Type::new(Elem::BF16, &tiles.shape(128, 8)));
+        let (mut f, a) = m.func("f", &[Type::new(Elem::I32, &[5])]);
+        let table = f.load(&w);
+        let rows = f.gather_tiled_rows(&table, &a[0]);
+        assert_eq!(rows.ty(), &Type::new(Elem::BF16, &[5, 8]));
+        m.add_func(f, &[rows]);
+        let text = m.finish().expect("valid");
+        assert!(text.contains(&format!("tensor<{shape}xbf16>")), "{text}");
+        assert!(text.contains("collapsed_slice_dims = [0, 2], start_index_map = [0, 1, 2, 3]"), "{text}");
+        let (depth, k) = (8 / tiles.depth, tiles.depth);
+        assert!(text.contains(&format!("slice_sizes = array<i64: 1, {depth}, 1, {k}>")), "{text}");
+        assert!(text.contains(&format!("stablehlo.constant dense<{}> : tensor<5xi32>", tiles.rows)), "{text}");
+        assert!(text.contains("stablehlo.divide") && text.contains("stablehlo.subtract"), "{text}");
+    }
 }
