@@ -132,10 +132,7 @@ impl Compiler {
     /// Compiles StableHLO (or any IREE input) text. `what` names the module
     /// in errors; `extra_flags` follow the target's flags, replacing any for the same option.
     pub fn compile(&self, what: &str, mlir: &str, target: &Target, extra_flags: &[String]) -> Result<Vec<u8>> {
-        // A module's flag replaces the target's flag for the same option.
-        let option = |flag: &str| flag.split_once('=').map_or(flag, |(name, _)| name).to_owned();
-        let replaced: std::collections::HashSet<String> = extra_flags.iter().map(|f| option(f)).collect();
-        let mut flags: Vec<String> = target.flags().into_iter().filter(|f| !replaced.contains(&option(f))).collect();
+        let mut flags = without_replaced(target.flags(), extra_flags);
         // The compiler reads the spec from a file; it lives as long as this call.
         let spec = match target {
             Target::Cpu { .. } => {
@@ -162,6 +159,14 @@ impl Compiler {
         tracing::info!(bytes = vmfb.len(), elapsed_ms = started.elapsed().as_millis() as u64, "compiled");
         Ok(vmfb)
     }
+}
+
+/// `target` without the flags whose option one of `extra` sets: a module's flag replaces the
+/// target's for the same option, so the compiler is given each option once.
+fn without_replaced(target: Vec<String>, extra: &[String]) -> Vec<String> {
+    let option = |flag: &str| flag.split_once('=').map_or(flag, |(name, _)| name).to_owned();
+    let replaced: std::collections::HashSet<String> = extra.iter().map(|f| option(f)).collect();
+    target.into_iter().filter(|f| !replaced.contains(&option(f))).collect()
 }
 
 fn write_spec(text: &str) -> std::io::Result<tempfile::NamedTempFile> {
@@ -234,6 +239,18 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_modules_flag_replaces_the_targets_for_the_same_option() {
+        let target = Target::host_cpu().flags();
+        assert!(target.contains(&"--iree-llvmcpu-enable-ukernels=none".to_owned()));
+        let extra =
+            ["--iree-llvmcpu-enable-ukernels=mmt4d".to_owned(), "--iree-opt-const-expr-hoisting=false".to_owned()];
+        let kept = without_replaced(target.clone(), &extra);
+        assert_eq!(kept.len(), target.len() - 1, "{kept:?}");
+        assert!(!kept.iter().any(|f| f.starts_with("--iree-llvmcpu-enable-ukernels")), "{kept:?}");
+        assert_eq!(without_replaced(target.clone(), &[]), target);
+    }
     use super::*;
 
     #[test]
