@@ -45,14 +45,20 @@ pub(crate) enum Compute {
     F32,
     /// bf16 activations with f32 accumulation, on a bf16 checkpoint (experimental, text only:
     /// bit for bit transformers in bf16 on one fixture on AVX512-BF16 CPUs, close elsewhere).
+    /// Its linears sum as the target CPU does best ([`mlxcel_emit::Bf16Dot::for_cpu`]).
     Bf16,
 }
 
 impl Compute {
-    /// The decoder's numeric contract (`None`: the bundle's f32 default). bf16 is refused
-    /// unless unqualified capabilities are allowed, and when images are served: their features
-    /// merge into f32 embeddings.
-    pub(crate) fn contract(self, allow_unqualified: bool, media: bool) -> Result<Option<mlxcel_emit::NumericContract>> {
+    /// The decoder's numeric contract for code compiled for `target_cpu` (`None`: the bundle's
+    /// f32 default). bf16 is refused unless unqualified capabilities are allowed, and when images
+    /// are served: their features merge into f32 embeddings.
+    pub(crate) fn contract(
+        self,
+        allow_unqualified: bool,
+        media: bool,
+        target_cpu: &str,
+    ) -> Result<Option<mlxcel_emit::NumericContract>> {
         match self {
             Compute::F32 => Ok(None),
             Compute::Bf16 if !allow_unqualified => bail!(
@@ -63,7 +69,10 @@ impl Compute {
                 "--compute bf16 serves text only: image features merge into f32 embeddings (leave --compute at f32, \
                  or serve without plugins)"
             ),
-            Compute::Bf16 => Ok(Some(mlxcel_emit::NumericContract::bf16())),
+            Compute::Bf16 => {
+                let avx512_bf16 = Target::Cpu { cpu: target_cpu.to_owned() }.has_avx512_bf16();
+                Ok(Some(mlxcel_emit::NumericContract::bf16(mlxcel_emit::Bf16Dot::for_cpu(avx512_bf16))))
+            }
         }
     }
 }

@@ -168,7 +168,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     };
     let mut sampler = Sampler::new(params, args.seed).context("invalid sampling parameters")?;
     let with_media = !args.images.is_empty() || !args.audio.is_empty();
-    let contract = args.compute.contract(args.allow_unqualified, with_media)?;
+    let contract = args.compute.contract(args.allow_unqualified, with_media, &args.device.target_cpu)?;
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }

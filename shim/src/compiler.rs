@@ -26,6 +26,18 @@ impl Target {
         Target::Cpu { cpu: "host".into() }
     }
 
+    /// Whether code for this target may use AVX512-BF16's `vdpbf16ps` (bf16 pair products into
+    /// f32, what IREE's bf16 mmt4d microkernel is written for): the host's `/proc/cpuinfo` says;
+    /// a CPU named otherwise is not assumed to have it (code that sums in order runs on any CPU).
+    pub fn has_avx512_bf16(&self) -> bool {
+        match self {
+            Target::Cpu { cpu } if cpu == "host" => {
+                std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| cpuinfo_has_flag(&info, "avx512_bf16"))
+            }
+            _ => false,
+        }
+    }
+
     /// Compiler flags selecting this target.
     pub fn flags(&self) -> Vec<String> {
         match self {
@@ -58,6 +70,12 @@ impl Target {
             Target::Vulkan => "vulkan-spirv".into(),
         }
     }
+}
+
+/// Whether every `flags` line of a `/proc/cpuinfo` text names `flag` (a whole word).
+fn cpuinfo_has_flag(info: &str, flag: &str) -> bool {
+    let mut lines = info.lines().filter(|l| l.starts_with("flags")).peekable();
+    lines.peek().is_some() && lines.all(|l| l.split_whitespace().any(|f| f == flag))
 }
 
 /// The CPU model name and feature flags from `/proc/cpuinfo`, hashed.
@@ -239,6 +257,18 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_flags_are_whole_words_on_every_core() {
+        let info =
+            "processor : 0\nflags\t\t: fpu avx512f avx512_bf16 avx2\nprocessor : 1\nflags\t\t: fpu avx512_bf16\n";
+        assert!(cpuinfo_has_flag(info, "avx512_bf16"));
+        assert!(!cpuinfo_has_flag(info, "avx512"), "a prefix is not a flag");
+        assert!(!cpuinfo_has_flag("flags : avx512_bf16\nflags : avx2\n", "avx512_bf16"), "one core lacks it");
+        assert!(!cpuinfo_has_flag("processor : 0\n", "avx512_bf16"), "no flags line");
+        assert!(!Target::Cpu { cpu: "znver4".into() }.has_avx512_bf16(), "a named CPU is not assumed to have it");
+    }
 
     #[test]
     fn a_modules_flag_replaces_the_targets_for_the_same_option() {
@@ -251,7 +281,6 @@ mod tests {
         assert!(!kept.iter().any(|f| f.starts_with("--iree-llvmcpu-enable-ukernels")), "{kept:?}");
         assert_eq!(without_replaced(target.clone(), &[]), target);
     }
-    use super::*;
 
     #[test]
     fn a_missing_wheel_says_where_it_looked_and_what_to_do() {

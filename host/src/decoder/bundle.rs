@@ -212,10 +212,11 @@ impl Decoder {
         if quantized || weights != Elem::F32 {
             flags.push("--iree-llvmcpu-reassociate-fp-reductions=true".to_owned());
         }
-        // bf16 activations contract bf16 weights in tiles of 16 rows by 2 inputs
+        // bf16 activations summed in pairs contract bf16 weights in tiles of 16 rows by 2 inputs
         // (`NumericContract::linear_tiled`), the tile of IREE's bf16 mmt4d microkernel, which
-        // runs them at up to 1.6 times the rate of the generated code for f32 activations.
-        if contract.activations == Elem::BF16 {
+        // runs them at up to 1.6 times the rate of the generated code for f32 activations (on
+        // CPUs with AVX512-BF16 only; summed in order they take the f32 tiles and generated code).
+        if contract.activations == Elem::BF16 && contract.bf16_dot == mlxcel_emit::Bf16Dot::Pairs {
             flags.push("--iree-llvmcpu-enable-ukernels=mmt4d".to_owned());
         }
         if quantized {

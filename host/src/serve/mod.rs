@@ -225,7 +225,7 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
         .with_context(|| format!("reading the text config of {}", dir.display()))?
         .vocab;
     let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops, vocab, grammar: OnceLock::new() });
-    let contract = args.compute.contract(args.allow_unqualified, with_encoders)?;
+    let contract = args.compute.contract(args.allow_unqualified, with_encoders, &device_args.target_cpu)?;
     let warm = args.warm_encoders || compile_only;
     let loader: engine::Loader = Box::new(move || {
         let compiler = Compiler::locate()?;

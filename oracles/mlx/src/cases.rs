@@ -3,7 +3,9 @@
 
 use anyhow::{Result, anyhow};
 use mlx_rs::{Array, fast, nn, ops};
-use mlxcel_emit::{AffineWeight, CONTRACT_VERSION, Elem, Func, Module, NumericContract, RmsStyle, Type, Value};
+use mlxcel_emit::{
+    AffineWeight, Bf16Dot, CONTRACT_VERSION, Elem, Func, Module, NumericContract, RmsStyle, Type, Value,
+};
 
 use crate::compare::{Bound, Expect, Level, Outcome, judge_typed};
 use crate::iree::{Input, Iree, Out, Weights};
@@ -312,7 +314,7 @@ fn module(name: &str, args: &[Type], body: impl FnOnce(&mut Func, &[Value]) -> V
 }
 
 fn contract(activations: Elem, accumulate: Elem) -> NumericContract {
-    NumericContract { version: CONTRACT_VERSION, activations, accumulate }
+    NumericContract { version: CONTRACT_VERSION, activations, accumulate, bf16_dot: Bf16Dot::InOrder }
 }
 
 /// 3. dense matmul vs `linear`: f32 (decode and prefill row counts) and bf16 operands.
@@ -391,7 +393,7 @@ pub fn dense(iree: &Iree, report: &mut Report) -> Result<()> {
         let mlir = module(name, &[bf(&[rows, k]), bf(&[out, k])], |f, a| c.linear(f, &a[0], &a[1], None))?;
         one(iree.run(name, &mlir, &[], None, &inputs)?)
     };
-    let ours = run("linear_bf16", NumericContract::bf16())?;
+    let ours = run("linear_bf16", NumericContract::bf16(Bf16Dot::InOrder))?;
     let label = format!("3. matmul(x, w^T) vs linear bf16 operands, f32 accumulator x[{rows}x{k}] w[{out}x{k}]");
     // Exact on this target: both sides' f32 sums round to the same bf16 (observed; the f32
     // sums differ, see the f32 cases).

@@ -25,7 +25,9 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// 16 rows by 2 inputs ([`Tiles::BF16`]) by IREE's bf16 mmt4d microkernel, and every rounding to
 /// bf16 is written out on the bits ([`NumericContract::round`]), elementwise operations in the
 /// activations included ([`NumericContract::act_mul`], [`NumericContract::act_add`]).
-pub const CONTRACT_VERSION: u32 = 11;
+/// v12: the bf16 contract names how its linears sum bf16 products ([`Bf16Dot`]): in pairs on
+/// CPUs with AVX512-BF16, in order (the f32 contract's tiles) elsewhere.
+pub const CONTRACT_VERSION: u32 = 12;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -88,6 +90,30 @@ impl Tiles {
     }
 }
 
+/// How a contract's linears sum the products of bf16 activations and bf16 weights into f32,
+/// which the target CPU decides: torch's own order on the CPU differs the same way (oneDNN's
+/// `vdpbf16ps` where there is AVX512-BF16), and IREE's bf16 microkernel has a tile only for
+/// such CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bf16Dot {
+    /// Two inputs at a time, the odd input's product first (`vdpbf16ps`): weights in
+    /// [`Tiles::BF16`], `x` in bf16, IREE's bf16 mmt4d microkernel. Needs AVX512-BF16.
+    Pairs,
+    /// Each operand widened to f32 exactly, each output summed over its inputs in order: weights
+    /// in [`Tiles::F32`], IREE's generated code, as under f32 activations. Any CPU. (Without
+    /// AVX512-BF16 IREE's microkernel falls back to generic code for tiles of 16x2: an 8960x1536
+    /// weight took 2.9 s for 64 rows on an AMD Zen 3, against 31 ms in these tiles.)
+    InOrder,
+}
+
+impl Bf16Dot {
+    /// The sum for a CPU with (`true`) or without AVX512-BF16.
+    pub fn for_cpu(avx512_bf16: bool) -> Self {
+        if avx512_bf16 { Bf16Dot::Pairs } else { Bf16Dot::InOrder }
+    }
+}
+
 /// The parameter key an f32-activation module (every encoder) declares for the checkpoint
 /// matrix `key` served in [`Tiles::F32`].
 pub fn tiled_key(key: &str) -> String {
@@ -135,6 +161,9 @@ pub struct ContractDescriptor {
     pub accumulate: Elem,
     /// The dtype of the results the graph returns (logits, features).
     pub results: Elem,
+    /// How bf16 x bf16 linears sum, under bf16 activations.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub bf16_dot: Option<Bf16Dot>,
     /// Where each contract helper rounds.
     pub rounding: Vec<String>,
     /// How reductions associate.
@@ -156,7 +185,7 @@ impl ContractDescriptor {
 /// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
 const ROUNDING: [&str; 11] = [
     "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
-    "linear_tiled: as linear, the weight (and under bf16 activations x) widened inside the contraction",
+    "linear_tiled: as linear, the weight (and x, when bf16 products are summed in pairs) widened inside the contraction",
     "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
     "rms_norm one_plus: normalised and scaled by (1 + w) in the accumulator, rounded once",
     "layer_norm: in the accumulator (biased variance), rounded once",
@@ -176,8 +205,10 @@ const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles
                            on the left, except over a prompt's rows (a prefill call), which take the form of more \
                            rows at every count; linear_tiled under f32 activations (16-bit float weights in row tiles \
                            of 32) sums each output over its inputs in order, one vector lane per output, and \
-                           under bf16 activations (bf16 weights in tiles of 16 rows by 2 inputs) in the order of \
-                           IREE's bf16 mmt4d microkernel, two inputs' products added to each lane at a time; linear over one \
+                           under bf16 activations over bf16 weights as the contract's bf16_dot says: pairs (tiles of 16 \
+                           rows by 2 inputs) in the order of IREE's bf16 mmt4d microkernel, two inputs' products \
+                           added to each lane at a time, or in-order (tiles of 32 rows by one input) as under f32 \
+                           activations; linear over one \
                            row of 16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
                            lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated)";
 
@@ -227,17 +258,26 @@ pub struct NumericContract {
     pub activations: Elem,
     /// The dtype matmuls, norms and softmax accumulate in.
     pub accumulate: Elem,
+    /// How bf16 x bf16 linears sum (bf16 activations over bf16 weights); f32 contracts have
+    /// none and say [`Bf16Dot::InOrder`].
+    pub bf16_dot: Bf16Dot,
 }
 
 impl NumericContract {
     /// Everything in f32: the parity reference.
     pub fn f32() -> Self {
-        NumericContract { version: CONTRACT_VERSION, activations: Elem::F32, accumulate: Elem::F32 }
+        NumericContract {
+            version: CONTRACT_VERSION,
+            activations: Elem::F32,
+            accumulate: Elem::F32,
+            bf16_dot: Bf16Dot::InOrder,
+        }
     }
 
-    /// bf16 activations with f32 accumulation, as torch computes on CPU.
-    pub fn bf16() -> Self {
-        NumericContract { version: CONTRACT_VERSION, activations: Elem::BF16, accumulate: Elem::F32 }
+    /// bf16 activations with f32 accumulation, as torch computes on CPU, bf16 linears summed as
+    /// `dot` says (the target CPU's: [`Bf16Dot::for_cpu`]).
+    pub fn bf16(dot: Bf16Dot) -> Self {
+        NumericContract { version: CONTRACT_VERSION, activations: Elem::BF16, accumulate: Elem::F32, bf16_dot: dot }
     }
 
     /// The contract's full record for a graph reading `sources` (see
@@ -251,6 +291,7 @@ impl NumericContract {
             activations: self.activations,
             accumulate: self.accumulate,
             results,
+            bf16_dot: (self.activations == Elem::BF16).then_some(self.bf16_dot),
             rounding: ROUNDING.iter().map(|s| (*s).to_owned()).collect(),
             association: ASSOCIATION.to_owned(),
             dequantization: quantized.then(|| DEQUANTIZATION.to_owned()),
@@ -260,17 +301,24 @@ impl NumericContract {
 
     /// A stable string for fingerprints and cache keys.
     pub fn fingerprint(&self) -> String {
-        format!("numeric-contract=v{}:act={}:acc={}", self.version, self.activations, self.accumulate)
+        let dot = match (self.activations, self.bf16_dot) {
+            (Elem::BF16, Bf16Dot::Pairs) => ":bf16-dot=pairs",
+            (Elem::BF16, Bf16Dot::InOrder) => ":bf16-dot=in-order",
+            _ => "",
+        };
+        format!("numeric-contract=v{}:act={}:acc={}{dot}", self.version, self.activations, self.accumulate)
     }
 
     /// The tiles a dense `[out, in]` matrix stored as `elem` is served in for
     /// [`Self::linear_tiled`], or `None` when it is read as stored: 16-bit float weights under
-    /// f32 activations in [`Tiles::F32`], bf16 weights under bf16 activations in [`Tiles::BF16`],
-    /// when the matrix fills whole tiles. f32 weights keep the checkpoint's layout, read in place.
+    /// f32 activations in [`Tiles::F32`], bf16 weights under bf16 activations in [`Tiles::BF16`]
+    /// when they are summed in pairs ([`Bf16Dot::Pairs`]) and in [`Tiles::F32`] otherwise, when
+    /// the matrix fills whole tiles. f32 weights keep the checkpoint's layout, read in place.
     pub fn tiles(&self, elem: Elem, out: usize, inputs: usize) -> Option<Tiles> {
-        let tiles = match (self.activations, elem) {
-            (Elem::F32, Elem::BF16 | Elem::F16) => Tiles::F32,
-            (Elem::BF16, Elem::BF16) => Tiles::BF16,
+        let tiles = match (self.activations, elem, self.bf16_dot) {
+            (Elem::F32, Elem::BF16 | Elem::F16, _) => Tiles::F32,
+            (Elem::BF16, Elem::BF16, Bf16Dot::Pairs) => Tiles::BF16,
+            (Elem::BF16, Elem::BF16, Bf16Dot::InOrder) => Tiles::F32,
             _ => return None,
         };
         tiles.fit(out, inputs).then_some(tiles)
@@ -302,7 +350,8 @@ impl NumericContract {
     }
 
     /// `x @ w^T (+ bias)` for a weight served in tiles ([`Tiles`]), `w [out / t, in / k, t, k]`:
-    /// `x`'s rows are tiled the same way, in the activation dtype, and the two contracted by
+    /// `x`'s rows are tiled the same way (in the accumulator for tiles one input deep, in the
+    /// activation dtype for deeper ones, whose pair products read bf16), and the two contracted by
     /// `linalg.mmt4d` into the accumulator, the weight widened inside it, then the bias added
     /// and the result rounded once, as [`Self::linear`].
     ///
@@ -310,7 +359,8 @@ impl NumericContract {
     /// over the inputs in order, so no reduction is reassociated; IREE 3.13's mmt4d codegen
     /// streams the stored 16-bit weight with one widening per 16 weights and one multiply-add per
     /// row of `x`, where a `dot_general` over `[out, in]` transposes every weight tile
-    /// (BENCHMARKS.md, "tiled weights"). Under bf16 activations ([`Tiles::BF16`]) both operands
+    /// (BENCHMARKS.md, "tiled weights"); bf16 activations summed in order ([`Bf16Dot::InOrder`])
+    /// take the same form, `x` widened exactly. Summed in pairs ([`Tiles::BF16`]) both operands
     /// are bf16 and IREE's bf16 mmt4d microkernel contracts them (the bundle enables it), adding
     /// each output's products to its lane two inputs at a time.
     pub fn linear_tiled(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>) -> Value {
@@ -323,7 +373,7 @@ impl NumericContract {
         let last = rank.saturating_sub(1);
         let lead = x.shape()[..last].to_vec();
         let rows: usize = lead.iter().product();
-        let xa = f.convert(x, self.activations);
+        let xa = f.convert(x, if k == 1 { self.accumulate } else { self.activations });
         let mut x2 = f.reshape(&xa, &[rows, inputs]);
         // Rows with no divisor from 8 to 16 (a vision tower's 577 = 24 * 24 + 1) are padded
         // with zero rows to a multiple of 16, whose outputs are dropped: tiles of fewer rows run
@@ -334,7 +384,7 @@ impl NumericContract {
             rows
         };
         if padded > rows {
-            let zeros = f.splat(&Type::new(self.activations, &[padded - rows, inputs]), 0.0);
+            let zeros = f.splat(&Type::new(xa.elem(), &[padded - rows, inputs]), 0.0);
             x2 = f.concat(&[x2, zeros], 0);
         }
         let m0 = lhs_tile_rows(padded);

@@ -14,8 +14,8 @@ mod ops;
 use std::fmt;
 
 pub use contract::{
-    AffineWeight, CONTRACT_VERSION, ContractDescriptor, NumericContract, QLINEAR_FUSED_MAX_ROWS, RmsStyle, Rows,
-    TILED_KEY_SEPARATOR, Tiles, WEIGHT_TILE_ROWS, tiled_key, tiled_shape,
+    AffineWeight, Bf16Dot, CONTRACT_VERSION, ContractDescriptor, NumericContract, QLINEAR_FUSED_MAX_ROWS, RmsStyle,
+    Rows, TILED_KEY_SEPARATOR, Tiles, WEIGHT_TILE_ROWS, tiled_key, tiled_shape,
 };
 pub use ops::{Compare, Reduce};
 

@@ -145,7 +145,7 @@ fn bf16_linear_widens_then_rounds_once() {
     let w = m.param("w", bf(&[3, 2]));
     let (mut f, a) = m.func("f", &[bf(&[4, 2])]);
     let wv = f.load(&w);
-    let y = NumericContract::bf16().linear(&mut f, &a[0], &wv, None);
+    let y = NumericContract::bf16(crate::Bf16Dot::Pairs).linear(&mut f, &a[0], &wv, None);
     m.add_func(f, &[y]);
     let text = m.finish().expect("valid");
     let ops = op_names_rounded(&text);
@@ -172,7 +172,7 @@ fn rms_norm_styles_round_at_their_own_points() {
     let render = |style| {
         let mut m = Module::new("m");
         let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[2, 4]), Type::new(Elem::BF16, &[4])]);
-        let y = NumericContract::bf16().rms_norm(&mut f, &a[0], &a[1], 1e-6, style);
+        let y = NumericContract::bf16(crate::Bf16Dot::Pairs).rms_norm(&mut f, &a[0], &a[1], 1e-6, style);
         m.add_func(f, &[y]);
         m.finish().expect("valid")
     };
@@ -203,7 +203,7 @@ fn bf16_roundings_are_written_out_on_the_bits() {
         m.add_func(f, &[y]);
         m.finish().expect("valid")
     };
-    let bf16 = render(NumericContract::bf16(), Elem::BF16);
+    let bf16 = render(NumericContract::bf16(crate::Bf16Dot::Pairs), Elem::BF16);
     assert_eq!(bf16.matches("stablehlo.shift_right_logical").count(), 2, "{bf16}");
     assert!(bf16.contains("dense<32767> : tensor<2x4xi32>"), "{bf16}");
     assert!(bf16.contains("dense<-65536> : tensor<2x4xi32>"), "{bf16}");
@@ -218,7 +218,8 @@ fn bf16_roundings_are_written_out_on_the_bits() {
 
 #[test]
 fn contract_fingerprints_differ() {
-    assert_ne!(NumericContract::f32().fingerprint(), NumericContract::bf16().fingerprint());
+    assert_ne!(NumericContract::f32().fingerprint(), NumericContract::bf16(crate::Bf16Dot::Pairs).fingerprint());
+    assert_ne!(NumericContract::f32().fingerprint(), NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint());
     let mut next = NumericContract::f32();
     next.version += 1;
     assert_ne!(next.fingerprint(), NumericContract::f32().fingerprint());
@@ -230,7 +231,7 @@ fn contract_fingerprints_differ() {
 fn bf16_silu_rounds_once() {
     let mut m = Module::new("m");
     let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[4])]);
-    let y = NumericContract::bf16().silu(&mut f, &a[0]);
+    let y = NumericContract::bf16(crate::Bf16Dot::Pairs).silu(&mut f, &a[0]);
     m.add_func(f, &[y]);
     let text = m.finish().expect("valid");
     let ops = op_names_rounded(&text);
@@ -252,7 +253,7 @@ fn bf16_silu_rounds_once() {
 fn bf16_activation(act: impl Fn(&NumericContract, &mut crate::Func, &crate::Value) -> crate::Value) -> String {
     let mut m = Module::new("m");
     let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[4])]);
-    let y = act(&NumericContract::bf16(), &mut f, &a[0]);
+    let y = act(&NumericContract::bf16(crate::Bf16Dot::Pairs), &mut f, &a[0]);
     m.add_func(f, &[y]);
     m.finish().expect("valid")
 }
@@ -341,8 +342,12 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 11);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v11:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 12);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v12:act=f32:acc=f32");
+    assert_eq!(
+        NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint(),
+        "numeric-contract=v12:act=bf16:acc=f32:bf16-dot=in-order"
+    );
 }
 
 /// A bf16-scaled 4-bit weight `[3, 64]` in groups of 32, and a function over `x`.
@@ -361,7 +366,7 @@ fn affine_module(rows: usize) -> (Module, crate::Func, Vec<crate::Value>, crate:
 #[test]
 fn dequantization_is_q_times_scale_then_plus_bias_in_the_accumulator() {
     let (mut m, mut f, _, w) = affine_module(1);
-    let d = NumericContract::bf16().dequantize(&mut f, &w);
+    let d = NumericContract::bf16(crate::Bf16Dot::Pairs).dequantize(&mut f, &w);
     assert_eq!(d.ty(), &Type::new(Elem::F32, &[3, 2, 32]));
     m.add_func(f, &[d]);
     let text = m.finish().expect("valid");
@@ -404,7 +409,7 @@ fn quantized_linear_accumulates_in_f32_and_rounds_once() {
         (24, "stablehlo.dot_general"),
     ] {
         let (mut m, mut f, a, w) = affine_module(rows);
-        let y = NumericContract::bf16().qlinear(&mut f, &a[0], &w, None);
+        let y = NumericContract::bf16(crate::Bf16Dot::Pairs).qlinear(&mut f, &a[0], &w, None);
         assert_eq!(y.ty(), &Type::new(Elem::BF16, &[rows, 3]));
         m.add_func(f, &[y]);
         let text = m.finish().expect("valid");
@@ -442,7 +447,7 @@ fn a_prompts_rows_take_the_many_rows_form_at_every_count() {
         assert!(!op_names(&text).contains(&"stablehlo.transpose"), "{rows} rows: {text}");
 
         let (mut m, mut f, a, w) = affine_module(rows);
-        let y = NumericContract::bf16().qlinear_rows(&mut f, &a[0], &w, None, crate::Rows::Prompt);
+        let y = NumericContract::bf16(crate::Bf16Dot::Pairs).qlinear_rows(&mut f, &a[0], &w, None, crate::Rows::Prompt);
         m.add_func(f, &[y]);
         let text = m.finish().expect("valid");
         let contracted = format!("(tensor<{rows}x64xf32>, tensor<3x64xf32>) -> tensor<{rows}x3xf32>");
@@ -461,8 +466,16 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":11,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":12,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
+    assert_eq!(dense.bf16_dot, None, "f32 activations sum no bf16 products");
+    assert!(!dense.to_json().contains("\"bf16_dot\":"), "{}", dense.to_json());
+    for (dot, named) in
+        [(crate::Bf16Dot::Pairs, "\"bf16_dot\":\"pairs\""), (crate::Bf16Dot::InOrder, "\"bf16_dot\":\"in-order\"")]
+    {
+        let d = NumericContract::bf16(dot).descriptor(vec!["bf16".into()], Elem::F32, "IREE x llvm-cpu:host".into());
+        assert!(d.to_json().contains(named), "{}", d.to_json());
+    }
     assert!(dense.rounding.iter().any(|r| r.starts_with("qlinear")));
     let q = NumericContract::f32().descriptor(
         vec!["affine bits=4 group_size=64 scales=f32".into(), "f32".into()],
@@ -519,7 +532,7 @@ fn a_tiled_linear_contracts_the_stored_weight_by_mmt4d_in_f32_and_rounds_once() 
 /// fill the tiles.
 #[test]
 fn a_bf16_tiled_linear_contracts_bf16_operands_in_tiles_of_16_by_2_into_f32_and_rounds_once() {
-    let c = NumericContract::bf16();
+    let c = NumericContract::bf16(crate::Bf16Dot::Pairs);
     assert_eq!(c.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::BF16));
     assert_eq!(c.tiles(Elem::BF16, 24, 64), None, "24 rows do not fill tiles of 16");
     assert_eq!(c.tiles(Elem::BF16, 64, 63), None, "63 inputs do not fill pairs");
@@ -549,6 +562,34 @@ fn a_bf16_tiled_linear_contracts_bf16_operands_in_tiles_of_16_by_2_into_f32_and_
         assert_eq!(to_f32, 1, "only the bias is widened ahead: {text}");
         assert!(text.contains("(tensor<64xbf16>) -> tensor<64xf32>"), "bias widened: {text}");
     }
+}
+
+/// Mutation-sensitive: summed in order ([`crate::Bf16Dot::InOrder`], CPUs without AVX512-BF16),
+/// bf16 activations take the f32 contract's tiles of 32 rows by one input, `x` widened to f32
+/// exactly ahead of the contraction, and round once; the two sums have distinct fingerprints.
+#[test]
+fn a_bf16_linear_summed_in_order_takes_the_f32_tiles_and_rounds_once() {
+    let c = NumericContract::bf16(crate::Bf16Dot::InOrder);
+    assert_ne!(c.fingerprint(), NumericContract::bf16(crate::Bf16Dot::Pairs).fingerprint());
+    assert_eq!(crate::Bf16Dot::for_cpu(true), crate::Bf16Dot::Pairs);
+    assert_eq!(crate::Bf16Dot::for_cpu(false), crate::Bf16Dot::InOrder);
+    assert_eq!(c.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::F32));
+    assert_eq!(c.tiles(Elem::BF16, 48, 64), None, "48 rows do not fill tiles of 32");
+    let mut m = Module::new("m");
+    let tiles = crate::Tiles::F32;
+    let w = m.param(&tiles.key("w.weight"), Type::new(Elem::BF16, &tiles.shape(64, 64)));
+    let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[1, 64, 64])]);
+    let wv = f.load(&w);
+    let y = c.linear_tiled(&mut f, &a[0], &wv, None);
+    assert_eq!(y.ty(), &Type::new(Elem::BF16, &[1, 64, 64]));
+    m.add_func(f, &[y]);
+    let text = m.finish().expect("valid");
+    assert!(text.contains("\"model\"::\"w.weight|tile32\"> : tensor<2x64x32x1xbf16>"), "{text}");
+    let line = text.lines().find(|l| l.contains("linalg.mmt4d")).expect("an mmt4d");
+    assert!(line.contains(": tensor<4x64x16x1xf32>, tensor<2x64x32x1xbf16>) outs("), "x widened, f32 tiles: {line}");
+    assert!(text.contains("(tensor<1x64x64xbf16>) -> tensor<1x64x64xf32>"), "x widened exactly: {text}");
+    let to_bf16 = text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
+    assert_eq!(to_bf16, 1, "rounded once: {text}");
 }
 
 /// Rows of a tiled table are gathered at `(row / t, :, row % t, :)`, in tiles one input deep and
