@@ -44,8 +44,9 @@ pub(crate) enum Compute {
     /// (qualified: at parity with transformers in f32 on the same stored weights).
     F32,
     /// bf16 activations with f32 accumulation, on a bf16 checkpoint (experimental, text only:
-    /// bit for bit transformers in bf16 on one fixture on AVX512-BF16 CPUs, close elsewhere).
-    /// Its linears sum as the target CPU does best ([`mlxcel_emit::Bf16Dot::for_cpu`]).
+    /// bit for bit transformers in bf16 on one fixture, on AVX512-BF16 and AVX2 CPUs; faster than
+    /// f32 only with AVX512-BF16). Its linears sum as the target CPU can
+    /// ([`mlxcel_emit::Bf16Dot::for_cpu`]).
     Bf16,
 }
 
