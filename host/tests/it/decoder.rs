@@ -299,7 +299,7 @@ fn gemma3_decoder_matches_transformers() {
 /// rounding to bf16 is written out (`NumericContract::round`), so every prompt logit of both
 /// prompts equals the reference's and all 16 greedy tokens match. Without it
 /// (`Bf16Dot::InOrder`) each output sums its inputs in order. On an AVX2 CPU torch's bf16 kernel
-/// sums in 64 strided partial sums, which for this fixture's reductions (at most 128 inputs)
+/// sums in 64 strided partial sums, which for this fixture's linears (at most 128 inputs)
 /// rounds to the same bf16 values: bit for bit again (measured on AMD Zen 3; at real widths the
 /// two orders round differently in about 1 output in 4,000). An AVX-512 CPU without BF16 has
 /// not been measured: logits within the 0.08 measured before, and the short prompt's tokens.
