@@ -38,6 +38,18 @@ impl Target {
         }
     }
 
+    /// The width in bits of the widest vectors code for this target may use, where it is known:
+    /// the host's `/proc/cpuinfo` says (512 when every core has AVX-512F, 256 with AVX2, 128 on
+    /// other x86-64 CPUs); a CPU named otherwise, or a host whose flags name neither, is not known.
+    pub fn vector_bits(&self) -> Option<u32> {
+        match self {
+            Target::Cpu { cpu } if cpu == "host" => {
+                std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| cpuinfo_vector_bits(&info))
+            }
+            _ => None,
+        }
+    }
+
     /// Compiler flags selecting this target.
     pub fn flags(&self) -> Vec<String> {
         match self {
@@ -70,6 +82,14 @@ impl Target {
             Target::Vulkan => "vulkan-spirv".into(),
         }
     }
+}
+
+/// The widest x86 vectors every core of a `/proc/cpuinfo` text has, in bits.
+fn cpuinfo_vector_bits(info: &str) -> Option<u32> {
+    [("avx512f", 512), ("avx2", 256), ("sse2", 128)]
+        .into_iter()
+        .find(|(flag, _)| cpuinfo_has_flag(info, flag))
+        .map(|(_, bits)| bits)
 }
 
 /// Whether every `flags` line of a `/proc/cpuinfo` text names `flag` (a whole word).
@@ -268,6 +288,21 @@ mod tests {
         assert!(!cpuinfo_has_flag("flags : avx512_bf16\nflags : avx2\n", "avx512_bf16"), "one core lacks it");
         assert!(!cpuinfo_has_flag("processor : 0\n", "avx512_bf16"), "no flags line");
         assert!(!Target::Cpu { cpu: "znver4".into() }.has_avx512_bf16(), "a named CPU is not assumed to have it");
+    }
+
+    #[test]
+    fn the_vector_width_is_the_widest_every_core_has() {
+        let zen4 = "flags\t\t: sse2 avx2 avx512f avx512_bf16\nflags\t\t: sse2 avx2 avx512f avx512_bf16\n";
+        assert_eq!(cpuinfo_vector_bits(zen4), Some(512));
+        assert_eq!(cpuinfo_vector_bits("flags : sse2 avx2 fma\nflags : sse2 avx2 fma\n"), Some(256));
+        assert_eq!(
+            cpuinfo_vector_bits("flags : sse2 avx2 avx512f\nflags : sse2 avx2\n"),
+            Some(256),
+            "one core lacks it"
+        );
+        assert_eq!(cpuinfo_vector_bits("flags : sse2 sse4_2\n"), Some(128));
+        assert_eq!(cpuinfo_vector_bits("Features : fp asimd\n"), None, "not x86");
+        assert_eq!(Target::Cpu { cpu: "znver4".into() }.vector_bits(), None, "a named CPU is not known");
     }
 
     #[test]

