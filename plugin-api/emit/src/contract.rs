@@ -84,8 +84,8 @@ impl Tiles {
     /// The tiles of bf16 activations over bf16 weights: 16 rows by 2 inputs, the tile of IREE's
     /// bf16 mmt4d microkernel (`vdpbf16ps` multiplies 2 bf16 pairs into each f32 lane). Measured
     /// on an 8960x1536 weight (IREE 3.13, 2 threads, AMD Zen 4): 64 rows of `x` 6.3 ms (278
-    /// GFLOP/s) against 10.1 ms for f32 activations in [`Tiles::f32`] of 32 rows, 1 row 0.57 against 0.93
-    /// ms, 8 rows 1.59 against 1.58 ms.
+    /// GFLOP/s) against 10.1 ms for f32 activations in [`Tiles::f32`] of 32 rows, 1 row 0.57
+    /// against 0.93 ms, 8 rows 1.59 against 1.58 ms.
     pub const BF16: Tiles = Tiles { rows: 16, depth: 2 };
 
     /// `[out / rows, in / depth, rows, depth]`.
@@ -355,8 +355,8 @@ impl NumericContract {
     /// [`Self::linear_tiled`], or `None` when it is read as stored: 16-bit float weights under
     /// f32 activations in [`Tiles::f32`] of the contract's rows, bf16 weights under bf16
     /// activations in [`Tiles::BF16`] when they are summed in pairs ([`Bf16Dot::Pairs`]) and in
-    /// [`Tiles::f32`] otherwise, when
-    /// the matrix fills whole tiles. f32 weights keep the checkpoint's layout, read in place.
+    /// [`Tiles::f32`] otherwise, when the matrix fills whole tiles. f32 weights keep the
+    /// checkpoint's layout, read in place.
     pub fn tiles(&self, elem: Elem, out: usize, inputs: usize) -> Option<Tiles> {
         let tiles = match (self.activations, elem, self.bf16_dot) {
             (Elem::F32, Elem::BF16 | Elem::F16, _) => Tiles::f32(self.tile_rows),
