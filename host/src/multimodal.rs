@@ -16,12 +16,12 @@ use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
 use mlxcel_host::engine::RowContent;
 use mlxcel_plugin_api::manifest::Limits;
 use mlxcel_plugin_api::{
-    Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, Error as PluginApiError,
-    ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaGrid, MediaItem, Modality, ModelConfig, PlaceMode,
-    PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed, QualificationPolicy, ShapeBucket,
-    Status, Tensor, TensorSpec,
+    Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget,
+    Error as PluginApiError, ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaGrid, MediaItem,
+    Modality, ModelConfig, PlaceMode, PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed,
+    QualificationPolicy, ShapeBucket, Status, Tensor, TensorSpec,
 };
-use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Invocation, Parameters, Session};
+use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Invocation, Parameters, Session, Target};
 
 use crate::encoder_cache::{Encoded, EncoderCache};
 use crate::exec::{DeviceArgs, compile};
@@ -972,7 +972,9 @@ impl<'a> Encoders<'a> {
         let key = format!("{}/{}/{}", plugin.name(), modality.as_str(), bucket.id);
         if !self.sessions.contains_key(&key) {
             let request = EncoderGraphRequest { modality, bucket: bucket.id.clone() };
-            let graph = plugin.encoder_graph(config, &request)?;
+            // The plugin lays the graph's weights out for this CPU's vectors (a layout only).
+            let vector_bits = Target::Cpu { cpu: self.device_args.target_cpu.clone() }.vector_bits();
+            let graph = plugin.encoder_graph(config, &request, &EncoderTarget::new(vector_bits))?;
             let name = format!("{}-{}-{}", plugin.name(), modality.as_str(), bucket.id);
             let flags = ENCODER_FLAGS.map(String::from);
             // Encoders compute in f32 (a bf16 or f16 checkpoint's weights widened inside the
@@ -981,7 +983,7 @@ impl<'a> Encoders<'a> {
                 graph.parameters.iter().map(|p| format!("{:?}", p.dtype).to_lowercase()).collect();
             sources.sort();
             sources.dedup();
-            let contract = (mlxcel_emit::NumericContract::f32(), sources);
+            let contract = (mlxcel_emit::NumericContract::f32().for_vectors(vector_bits), sources);
             let artifact = compile(&name, &graph.stablehlo, &flags, Some(contract), self.device_args)?;
             if self.device.is_none() {
                 let driver: Driver = self.device_args.driver.parse()?;

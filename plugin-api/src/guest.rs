@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 use crate::abi::{PluginMod, PluginModRef, history};
 use crate::types::{
     CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest,
-    ErrorCode, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract,
-    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
+    EncoderTarget, ErrorCode, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity,
+    PrefillContract, PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 use mlxcel_decoder::DecoderSpec;
 
@@ -58,8 +58,14 @@ pub trait FamilyPlugin: 'static {
     /// The static shapes the encoder for `modality` can be compiled for, smallest first.
     fn encoder_buckets(config: &Self::Config, modality: Modality) -> Result<Vec<ShapeBucket>, PluginError>;
 
-    /// The encoder for one bucket, as StableHLO with named checkpoint parameters.
-    fn encoder_graph(config: &Self::Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError>;
+    /// The encoder for one bucket, as StableHLO with named checkpoint parameters, laid out for
+    /// `target` (the host's CPU, or [`EncoderTarget::unknown`]; since 1.3): the layout may
+    /// follow the target, the results may not.
+    fn encoder_graph(
+        config: &Self::Config,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError>;
 
     /// How features merge into the text embeddings for one tokenized request: the program
     /// the host runs (placements that replace or add rows at any tokens, per-item injections,
@@ -163,11 +169,20 @@ extern "C" fn encoder_buckets<T: FamilyPlugin>(
     guard("encoder_buckets", || T::encoder_buckets(&family_config::<T>(config)?, modality).map(RVec::from))
 }
 
+/// The 1.0 entry, for a target not known: only hosts that predate 1.3 call it.
 extern "C" fn encoder_graph<T: FamilyPlugin>(
     config: &ModelConfig,
     request: &EncoderGraphRequest,
 ) -> RResult<EncoderGraph, PluginError> {
-    guard("encoder_graph", || T::encoder_graph(&family_config::<T>(config)?, request))
+    guard("encoder_graph", || T::encoder_graph(&family_config::<T>(config)?, request, &EncoderTarget::unknown()))
+}
+
+extern "C" fn encoder_graph_for<T: FamilyPlugin>(
+    config: &ModelConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> RResult<EncoderGraph, PluginError> {
+    guard("encoder_graph_for", || T::encoder_graph(&family_config::<T>(config)?, request, target))
 }
 
 /// The 1.0 entry, from the program: only hosts that predate 1.2 would call it, and they do not
@@ -211,6 +226,24 @@ extern "C" fn decoder_spec<T: FamilyPlugin>(config: &ModelConfig) -> RResult<ROp
 /// The current root-module table for `T`; leaked once per library load.
 pub(crate) fn current_table<T: FamilyPlugin>() -> PluginModRef {
     PluginMod {
+        identity: identity::<T>,
+        parse_config: parse_config::<T>,
+        prompt_layout: prompt_layout::<T>,
+        preprocess: preprocess::<T>,
+        encoder_buckets: encoder_buckets::<T>,
+        encoder_graph: encoder_graph::<T>,
+        prefill_contract: prefill_contract::<T>,
+        check_checkpoint: check_checkpoint::<T>,
+        decoder_spec: decoder_spec::<T>,
+        prefill_program: prefill_program::<T>,
+        encoder_graph_for: encoder_graph_for::<T>,
+    }
+    .leak_into_prefix()
+}
+
+/// The frozen 1.2 table for `T` (testkit only: what a 1.2 plugin exported).
+pub(crate) fn v1_2_table<T: FamilyPlugin>() -> history::v1_2::PluginModRef {
+    history::v1_2::PluginMod {
         identity: identity::<T>,
         parse_config: parse_config::<T>,
         prompt_layout: prompt_layout::<T>,
@@ -265,8 +298,8 @@ pub(crate) fn v1_0_table<T: FamilyPlugin>() -> history::v1_0::PluginModRef {
 /// `#![forbid(unsafe_code)]`.
 ///
 /// Two further forms exist only for the testkit's load matrix and reproduce plugins built
-/// against other plugin-api versions: `export_plugin!(T, api = v1_0)` and `(T, api = v1_1)`
-/// export the frozen 1.0 and 1.1 tables, and `export_plugin!(T, declare_version = (MAJOR, MINOR))` declares an arbitrary
+/// against other plugin-api versions: `export_plugin!(T, api = v1_0)`, `(T, api = v1_1)` and
+/// `(T, api = v1_2)` export the frozen 1.0, 1.1 and 1.2 tables, and `export_plugin!(T, declare_version = (MAJOR, MINOR))` declares an arbitrary
 /// version while exporting the current table.
 #[macro_export]
 macro_rules! export_plugin {
@@ -294,6 +327,13 @@ macro_rules! export_plugin {
             @emit $plugin,
             $crate::__export::VersionSymbol::new($crate::ApiVersion::new(1, 1)),
             $crate::__export::lib_header_v1_1::<$plugin>()
+        );
+    };
+    ($plugin:ty, api = v1_2) => {
+        $crate::export_plugin!(
+            @emit $plugin,
+            $crate::__export::VersionSymbol::new($crate::ApiVersion::new(1, 2)),
+            $crate::__export::lib_header_v1_2::<$plugin>()
         );
     };
     ($plugin:ty, declare_version = ($major:literal, $minor:literal)) => {

@@ -46,6 +46,8 @@ pub use crate::version::{API_VERSION, ApiVersion, ParseApiVersionError, SUPPORTE
 /// Items `export_plugin!` expands to; not part of the API.
 #[doc(hidden)]
 pub mod __export {
-    pub use crate::abi::{CURRENT_VERSION_SYMBOL, VersionSymbol, lib_header, lib_header_v1_0, lib_header_v1_1};
+    pub use crate::abi::{
+        CURRENT_VERSION_SYMBOL, VersionSymbol, lib_header, lib_header_v1_0, lib_header_v1_1, lib_header_v1_2,
+    };
     pub use abi_stable::library::LibHeader;
 }

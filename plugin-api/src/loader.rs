@@ -29,8 +29,8 @@ use crate::error::{Error, Result};
 use crate::manifest::{Manifest, Status};
 use crate::types::{
     Capability, CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderGraph, EncoderGraphRequest,
-    LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    EncoderTarget, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillProgram,
+    PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 use crate::version::{API_VERSION, ApiVersion, SUPPORTED_VERSIONS};
 
@@ -532,9 +532,19 @@ impl LoadedPlugin {
             .map(|buckets| buckets.into_vec())
     }
 
-    /// The encoder graph for one bucket.
-    pub fn encoder_graph(&self, config: &ModelConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph> {
-        call(self.name(), "encoder_graph", (self.module.encoder_graph())(config, request))
+    /// The encoder graph for one bucket, laid out for `target` (1.3 and later); a plugin that
+    /// predates 1.3 lays it out for a target not known, which computes the same results (the
+    /// host serves its weights in whatever tiles the graph declares).
+    pub fn encoder_graph(
+        &self,
+        config: &ModelConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph> {
+        match self.module.encoder_graph_for() {
+            Some(f) => call(self.name(), "encoder_graph_for", f(config, request, target)),
+            None => call(self.name(), "encoder_graph", (self.module.encoder_graph())(config, request)),
+        }
     }
 
     /// The prepared-prefill program for one tokenized request: the plugin's own (1.2 and

@@ -529,6 +529,35 @@ pub struct EncoderGraphRequest {
     pub bucket: RString,
 }
 
+/// The CPU an encoder graph is compiled for, as far as the graph's layout depends on it (an
+/// input of `encoder_graph_for`, since 1.3): a family lays its weights out for the target's
+/// vectors, which changes no result. Older plugins are asked through `encoder_graph`, as for
+/// [`EncoderTarget::unknown`].
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct EncoderTarget {
+    /// The width in bits of the widest vectors every core has (512 with AVX-512F, 256 with
+    /// AVX2); none when it is not known, as for a CPU named by `--target-cpu`.
+    pub vector_bits: ROption<u32>,
+}
+
+impl EncoderTarget {
+    /// A target whose widest vectors are `vector_bits` wide (`None`: not known).
+    pub fn new(vector_bits: Option<u32>) -> Self {
+        Self { vector_bits: vector_bits.into() }
+    }
+
+    /// A target of which nothing is known: what a plugin built before 1.3 is emitted for.
+    pub fn unknown() -> Self {
+        Self::new(None)
+    }
+
+    /// The width of the widest vectors, when known.
+    pub fn vector_bits(&self) -> Option<u32> {
+        self.vector_bits.into_option()
+    }
+}
+
 /// A family's encoder as StableHLO, with named checkpoint parameters.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq)]

@@ -40,7 +40,8 @@ pub const WEIGHT_LEFT_MAX_ROWS: usize = 16;
 
 /// Rows per tile of a weight served for [`NumericContract::linear_tiled`] under f32 activations
 /// on a CPU with 512-bit vectors, and wherever the vector width is not known (a CPU named by
-/// `--target-cpu`, the family plugins' encoders): two 512-bit vectors of f32 outputs. Measured
+/// `--target-cpu`, an encoder from a plugin built before plugin-api 1.3): two 512-bit vectors
+/// of f32 outputs. Measured
 /// on 8960x1536 and 1536x8960 bf16 weights (IREE 3.13, 2 threads, AVX-512, against `linear`):
 /// tiles of 32 rows take 0.93 and 1.01 ms for one row of `x` (1.04 and 1.41), 1.58 and 1.88 ms
 /// for 8 rows (5.40 and 7.53), 10.1 and 11.1 ms for 64 (16.7 and 20.7); tiles of 16 rows run
@@ -139,20 +140,6 @@ impl Bf16Dot {
             Bf16Dot::InOrder => "in-order",
         }
     }
-}
-
-/// The parameter key an f32-activation module of unknown target (every encoder: the plugin ABI
-/// does not carry the target's vector width) declares for the checkpoint matrix `key` served in
-/// [`Tiles::f32`] of [`WEIGHT_TILE_ROWS`].
-pub fn tiled_key(key: &str) -> String {
-    Tiles::f32(WEIGHT_TILE_ROWS).key(key)
-}
-
-/// The tiles, as [`NumericContract::tiles`] of [`NumericContract::f32`] gives them, in which a
-/// dense `[out, in]` matrix stored as `elem` is served: its shape, or `None` when it is read as
-/// stored.
-pub fn tiled_shape(elem: Elem, out: usize, inputs: usize) -> Option<[usize; 4]> {
-    NumericContract::f32().tiles(elem, out, inputs).map(|t| t.shape(out, inputs))
 }
 
 /// A linear weight `[out, in]` in MLX's affine quantization, as a module declares it: `q` holds

@@ -15,7 +15,7 @@ use std::fmt;
 
 pub use contract::{
     AffineWeight, Bf16Dot, CONTRACT_VERSION, ContractDescriptor, NumericContract, QLINEAR_FUSED_MAX_ROWS, RmsStyle,
-    Rows, TILED_KEY_SEPARATOR, Tiles, WEIGHT_TILE_ROWS, tiled_key, tiled_shape, weight_tile_rows,
+    Rows, TILED_KEY_SEPARATOR, Tiles, WEIGHT_TILE_ROWS, weight_tile_rows,
 };
 pub use ops::{Compare, Reduce};
 

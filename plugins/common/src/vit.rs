@@ -9,38 +9,56 @@
 
 use std::collections::HashMap;
 
-use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Type, Value, tiled_key, tiled_shape};
-use mlxcel_plugin_api::{RVec, TensorSpec};
+use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Tiles, Type, Value};
+use mlxcel_plugin_api::{EncoderTarget, RVec, TensorSpec};
 
 use crate::config::WeightDtype;
 
+/// The contract an encoder graph computes under on `target`: f32 (a 16-bit checkpoint's weights
+/// widened inside the graph), its weights tiled for the target's vectors
+/// (`NumericContract::for_vectors`), which changes no result.
+pub fn encoder_contract(target: &EncoderTarget) -> NumericContract {
+    NumericContract::f32().for_vectors(target.vector_bits())
+}
+
+/// An encoder weight as its module declares it: the global, and the tiles a matrix is
+/// declared in (`None`: as the checkpoint stores it).
+#[derive(Debug, Clone)]
+pub struct Declared {
+    pub global: Global,
+    pub tiles: Option<Tiles>,
+}
+
 /// Declares an encoder's weights, each `(logical name, shape)` in the dtype the checkpoint
-/// stores them in: the globals by name, for a [`Tower`]. A 16-bit float matrix named
-/// `*.weight` whose rows fill the contract's row tiles is declared in row tiles instead, under
-/// its `tiled_key` (the host builds that view at load): [`Tower::project`] contracts it as
-/// stored, and [`Tower::w`] gives it back as the `[out, in]` matrix for any other use.
+/// stores them in: by logical name, for a [`Tower`] computing under `c`. A `*.weight` matrix
+/// that `c` serves in tiles (`NumericContract::tiles`: 16-bit float weights, in tiles of the
+/// target's vectors) is declared in them instead, under the key they name (the host builds
+/// that view at load): [`Tower::project`] contracts it as stored, and [`Tower::w`] gives it
+/// back as the `[out, in]` matrix for any other use.
 pub fn declare_parameters(
     m: &mut Module,
     parameters: &[(String, Vec<usize>)],
     weights: WeightDtype,
-) -> HashMap<String, Global> {
+    c: &NumericContract,
+) -> HashMap<String, Declared> {
     let elem = weights.elem();
     parameters
         .iter()
-        .map(|(key, shape)| match tiled_matrix(elem, key, shape) {
-            Some(tiled) => (tiled_key(key), m.param(&tiled_key(key), Type::new(elem, &tiled))),
-            None => (key.clone(), m.param(key, Type::new(elem, shape))),
+        .map(|(key, shape)| {
+            let tiles = match **shape {
+                [out, inputs] if key.ends_with(".weight") => c.tiles(elem, out, inputs),
+                _ => None,
+            };
+            let global = match tiles {
+                Some(t) => {
+                    let [out, inputs] = [shape[0], shape[1]];
+                    m.param(&t.key(key), Type::new(elem, &t.shape(out, inputs)))
+                }
+                None => m.param(key, Type::new(elem, shape)),
+            };
+            (key.clone(), Declared { global, tiles })
         })
         .collect()
-}
-
-/// The row-tiled shape a parameter `key` of `shape` is declared in ([`tiled_shape`]), when it
-/// is a `*.weight` matrix.
-fn tiled_matrix(elem: Elem, key: &str, shape: &[usize]) -> Option<[usize; 4]> {
-    match *shape {
-        [out, inputs] if key.ends_with(".weight") => tiled_shape(elem, out, inputs),
-        _ => None,
-    }
 }
 
 /// The same weights as an `EncoderGraph` lists them.
@@ -55,7 +73,7 @@ pub fn parameter_specs(parameters: &[(String, Vec<usize>)], weights: WeightDtype
 #[derive(Debug)]
 pub struct Tower<'a> {
     pub c: NumericContract,
-    pub globals: &'a HashMap<String, Global>,
+    pub globals: &'a HashMap<String, Declared>,
     pub prefix: &'a str,
     /// Every layer norm's epsilon.
     pub eps: f64,
@@ -78,26 +96,29 @@ impl Tower<'_> {
     /// A matrix declared in row tiles and read other than by [`Tower::project`] (a patch
     /// kernel, a table) is put back in `[out, in]` order in the graph.
     pub fn w(&self, f: &mut Func, key: &str) -> Value {
-        if let Some(g) = self.globals.get(key) {
-            let stored = f.load(g);
-            return f.convert(&stored, self.c.activations);
+        let declared = self.declared(key);
+        let mut stored = f.load(&declared.global);
+        if declared.tiles.is_some() {
+            // `[out / rows, in / depth, rows, depth]` back to `[out, in]`.
+            let &[tiles, inputs, rows, depth] = stored.shape() else { unreachable!("tiles are rank 4") };
+            let t = f.transpose(&stored, &[0, 2, 1, 3]);
+            stored = f.reshape(&t, &[tiles * rows, inputs * depth]);
         }
-        let g = self.globals.get(&tiled_key(key)).expect("invariant: every parameter is declared");
-        let tiled = f.load(g);
-        let &[tiles, inputs, rows, 1] = tiled.shape() else { unreachable!("declared by tiled_matrix") };
-        let t = f.reshape(&tiled, &[tiles, inputs, rows]);
-        let t = f.transpose(&t, &[0, 2, 1]);
-        let stored = f.reshape(&t, &[tiles * rows, inputs]);
         f.convert(&stored, self.c.activations)
+    }
+
+    fn declared(&self, key: &str) -> &Declared {
+        self.globals.get(key).expect("invariant: every parameter is declared")
     }
 
     /// `x W^T (+ bias)` with the parameter `key` (a whole logical name) as `W`: contracted as
     /// stored when it is declared in row tiles (`NumericContract::linear_tiled`), otherwise
     /// through `NumericContract::linear`.
     pub fn project(&self, f: &mut Func, x: &Value, key: &str, bias: Option<&Value>) -> Value {
-        match self.globals.get(&tiled_key(key)) {
-            Some(g) => {
-                let w = f.load(g);
+        let declared = self.declared(key);
+        match declared.tiles {
+            Some(_) => {
+                let w = f.load(&declared.global);
                 self.c.linear_tiled(f, x, &w, bias)
             }
             None => {
@@ -430,4 +451,38 @@ pub fn pre_norm_layer_parameters(layer: &str, hidden: usize, intermediate: usize
         (n("mlp.fc2.weight"), vec![e, mlp]),
         (n("mlp.fc2.bias"), vec![e]),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-linear tower over a `[64, 8]` matrix stored as `weights`, emitted for `target`.
+    fn one_linear(target: EncoderTarget, weights: WeightDtype) -> String {
+        let mut m = Module::new("t");
+        let parameters = [("v/fc.weight".to_owned(), vec![64, 8]), ("v/fc.bias".to_owned(), vec![64])];
+        let c = encoder_contract(&target);
+        let globals = declare_parameters(&mut m, &parameters, weights, &c);
+        let tower = Tower { c, globals: &globals, prefix: "v/", eps: 1e-6 };
+        let (mut func, a) = m.func("main", &[Type::new(Elem::F32, &[4, 8])]);
+        let y = tower.linear(&mut func, &a[0], "fc");
+        let w = tower.t(&mut func, "fc.weight");
+        m.add_func(func, &[y, w]);
+        m.finish().expect("the tower emits")
+    }
+
+    #[test]
+    fn sixteen_bit_matrices_are_tiled_for_the_targets_vectors() {
+        let avx2 = one_linear(EncoderTarget::new(Some(256)), WeightDtype::BF16);
+        assert!(avx2.contains("\"v/fc.weight|tile16\"") && avx2.contains("tensor<4x8x16x1xbf16>"), "{avx2}");
+        for target in [EncoderTarget::unknown(), EncoderTarget::new(Some(512))] {
+            let wide = one_linear(target, WeightDtype::BF16);
+            assert!(wide.contains("\"v/fc.weight|tile32\"") && wide.contains("tensor<2x8x32x1xbf16>"), "{wide}");
+        }
+        // f32 matrices are read in place, whatever the target.
+        let f32 = one_linear(EncoderTarget::new(Some(256)), WeightDtype::F32);
+        assert!(f32.contains("\"v/fc.weight\"") && !f32.contains("|tile"), "{f32}");
+        // The matrix read whole comes back as `[out, in]`.
+        assert!(avx2.contains("-> (tensor<4x64xf32>, tensor<64x8xf32>)"), "{avx2}");
+    }
 }

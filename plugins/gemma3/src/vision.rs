@@ -21,9 +21,11 @@
 //! gives them; every image is exactly `mm_tokens_per_image` rows.
 
 use mlxcel_emit::{Elem, Func, Module, NumericContract, RmsStyle, Type, Value};
-use mlxcel_family_common::vit::{Tower, avg_pool_grid, declare_parameters, parameter_specs, pre_norm_layer_parameters};
+use mlxcel_family_common::vit::{
+    Tower, avg_pool_grid, declare_parameters, encoder_contract, parameter_specs, pre_norm_layer_parameters,
+};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
 use crate::config::Gemma3Config;
@@ -74,7 +76,12 @@ pub(crate) fn parameters(config: &Gemma3Config) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-pub(crate) fn graph(config: &Gemma3Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+pub(crate) fn graph(
+    config: &Gemma3Config,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
     if request.modality != Modality::Image || request.bucket.as_str() != BUCKET {
         return Err(PluginError::unsupported(format!(
             "no {} encoder bucket `{}` (gemma3 has `{BUCKET}`)",
@@ -82,7 +89,7 @@ pub(crate) fn graph(config: &Gemma3Config, request: &EncoderGraphRequest) -> Res
             request.bucket
         )));
     }
-    let stablehlo = emit(config).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
+    let stablehlo = emit(config, c).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
     let parameters = parameter_specs(&parameters(config), config.weights);
     let rows = u64::from(config.mm_tokens_per_image);
     Ok(EncoderGraph {
@@ -129,10 +136,9 @@ impl Emitter<'_> {
 }
 
 /// Emits the module for one image.
-pub(crate) fn emit(config: &Gemma3Config) -> Result<String, mlxcel_emit::EmitError> {
+pub(crate) fn emit(config: &Gemma3Config, c: NumericContract) -> Result<String, mlxcel_emit::EmitError> {
     let mut m = Module::new("gemma3_vision");
-    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: TOWER, eps: config.vision.layer_norm_eps };
     let e = Emitter { c, config, tower };
     let shape: Vec<usize> = input(config).shape.iter().map(|&d| d as usize).collect();
@@ -161,14 +167,14 @@ mod tests {
         assert_eq!(buckets.len(), 1);
         assert_eq!(buckets[0].inputs[0].shape.as_slice(), &[1, 3, 112, 112]);
         let request = EncoderGraphRequest { modality: Modality::Image, bucket: buckets[0].id.clone() };
-        let g = graph(&config, &request).expect("graph");
+        let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
         assert_eq!(g.parameters.len(), 3 + 16 * 2 + 4);
         assert!(g.stablehlo.contains("\"model\"::\"multi_modal_projector/mm_input_projection_weight\""));
         assert!(g.stablehlo.contains("\"model\"::\"vision_tower/post_layernorm.bias\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "image-2".into() };
-        assert_eq!(graph(&config, &bad).expect_err("bucket").code, ErrorCode::Unsupported);
+        assert_eq!(graph(&config, &bad, &EncoderTarget::unknown()).expect_err("bucket").code, ErrorCode::Unsupported);
         assert!(buckets_for_audio_fail(&config));
     }
 

@@ -36,9 +36,9 @@
 //! zero attention weight.
 
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, RmsStyle, Type, Value};
-use mlxcel_family_common::vit::{Tower, declare_parameters, parameter_specs};
+use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, parameter_specs};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
 use crate::config::{AudioConfig, CONFORMER_NORM_EPS, Gemma3nConfig};
@@ -148,7 +148,12 @@ pub(crate) fn parameters(config: &Gemma3nConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-pub(crate) fn graph(config: &Gemma3nConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+pub(crate) fn graph(
+    config: &Gemma3nConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
     let frames = bucket_frames(config).into_iter().find(|&f| request.bucket.as_str() == bucket_id(f));
     let (Modality::Audio, Some(frames)) = (request.modality, frames) else {
         return Err(PluginError::unsupported(format!(
@@ -158,7 +163,7 @@ pub(crate) fn graph(config: &Gemma3nConfig, request: &EncoderGraphRequest) -> Re
             bucket_frames(config).into_iter().map(bucket_id).collect::<Vec<_>>()
         )));
     };
-    let stablehlo = emit(config, frames).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
+    let stablehlo = emit(config, frames, c).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
     let rows = u64::from(config.audio_soft_tokens);
     let width = u64::from(config.text_hidden_size);
     Ok(EncoderGraph {
@@ -574,11 +579,14 @@ impl Emitter<'_> {
 }
 
 /// Emits the module for a bucket of `frames` mel frames (a multiple of the frames per row).
-pub(crate) fn emit(config: &Gemma3nConfig, frames: usize) -> Result<String, mlxcel_emit::EmitError> {
+pub(crate) fn emit(
+    config: &Gemma3nConfig,
+    frames: usize,
+    c: NumericContract,
+) -> Result<String, mlxcel_emit::EmitError> {
     let a = &config.audio;
     let mut m = Module::new("gemma3n_audio");
-    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: TOWER, eps: CONFORMER_NORM_EPS };
     let embed = Tower { c, globals: &globals, prefix: EMBED, eps: a.rms_norm_eps };
     let e = Emitter { c, config, tower, embed };
@@ -646,7 +654,7 @@ mod tests {
             assert_eq!(bucket.inputs[0].shape.as_slice(), &[1, frames, 32]);
             assert_eq!((bucket.inputs[1].shape.as_slice(), bucket.inputs[1].dtype), (&[1, frames][..], DType::I32));
             let request = EncoderGraphRequest { modality: Modality::Audio, bucket: bucket.id.clone() };
-            let g = graph(&config, &request).expect("graph");
+            let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
             assert!(g.stablehlo.contains("func.func @main(%v0: tensor<1x"), "{}", g.stablehlo);
             assert_eq!(g.inputs, bucket.inputs);
             let outputs: Vec<(&str, &[u64])> =
@@ -659,9 +667,9 @@ mod tests {
             assert!(g.stablehlo.contains("-> (tensor<8x64xf32>, tensor<8x64xf32>)"));
         }
         let bad = EncoderGraphRequest { modality: Modality::Audio, bucket: "frames-96".into() };
-        assert_eq!(graph(&config, &bad).expect_err("bucket").code, ErrorCode::Unsupported);
+        assert_eq!(graph(&config, &bad, &EncoderTarget::unknown()).expect_err("bucket").code, ErrorCode::Unsupported);
         let image = EncoderGraphRequest { modality: Modality::Image, bucket: "frames-64".into() };
-        assert_eq!(graph(&config, &image).expect_err("image").code, ErrorCode::Unsupported);
+        assert_eq!(graph(&config, &image, &EncoderTarget::unknown()).expect_err("image").code, ErrorCode::Unsupported);
         assert_eq!(super::buckets(&config, Modality::Image).expect_err("image").code, ErrorCode::Unsupported);
     }
 

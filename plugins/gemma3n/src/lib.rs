@@ -25,9 +25,9 @@ mod prompt;
 
 use mlxcel_plugin_api::decoder::spec::DecoderSpec;
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
-    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
-    PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
+    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
+    Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Gemma3nConfig;
@@ -83,8 +83,12 @@ impl FamilyPlugin for Gemma3n {
         audio::buckets(config, modality)
     }
 
-    fn encoder_graph(config: &Gemma3nConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        audio::graph(config, request)
+    fn encoder_graph(
+        config: &Gemma3nConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        audio::graph(config, request, target)
     }
 
     fn prefill_program(config: &Gemma3nConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

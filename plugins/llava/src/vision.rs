@@ -14,9 +14,11 @@
 //!   the features, then the projector: `linear_1`, `projector_hidden_act`, `linear_2`.
 
 use mlxcel_emit::{Elem, Func, Module, NumericContract, Type, Value};
-use mlxcel_family_common::vit::{Tower, declare_parameters, parameter_specs, pre_norm_layer_parameters};
+use mlxcel_family_common::vit::{
+    Tower, declare_parameters, encoder_contract, parameter_specs, pre_norm_layer_parameters,
+};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
 use crate::config::{Act, LlavaConfig, SelectStrategy};
@@ -75,7 +77,12 @@ pub(crate) fn parameters(config: &LlavaConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-pub(crate) fn graph(config: &LlavaConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+pub(crate) fn graph(
+    config: &LlavaConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
     if request.modality != Modality::Image || request.bucket.as_str() != bucket_id(config) {
         return Err(PluginError::unsupported(format!(
             "no {} encoder bucket `{}` (llava has `{}`)",
@@ -84,7 +91,7 @@ pub(crate) fn graph(config: &LlavaConfig, request: &EncoderGraphRequest) -> Resu
             bucket_id(config)
         )));
     }
-    let stablehlo = emit(config).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
+    let stablehlo = emit(config, c).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
     let parameters = parameter_specs(&parameters(config), config.weights);
     let rows = u64::from(config.feature_tokens());
     Ok(EncoderGraph {
@@ -134,11 +141,10 @@ impl Emitter<'_> {
 }
 
 /// Emits the module.
-pub(crate) fn emit(config: &LlavaConfig) -> Result<String, mlxcel_emit::EmitError> {
+pub(crate) fn emit(config: &LlavaConfig, c: NumericContract) -> Result<String, mlxcel_emit::EmitError> {
     let v = &config.vision;
     let mut m = Module::new("llava_vision");
-    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: TOWER, eps: v.layer_norm_eps };
     let e = Emitter { c, config, tower };
     let s = v.image_size;
@@ -186,7 +192,7 @@ mod tests {
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].inputs[0].shape.as_slice(), &[1, 3, 56, 56]);
         let request = EncoderGraphRequest { modality: Modality::Image, bucket: all[0].id.clone() };
-        let g = graph(&config, &request).expect("graph");
+        let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
         assert!(g.stablehlo.contains("func.func @main(%v0: tensor<1x3x56x56xf32>)"), "{}", g.stablehlo);
         assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
         // Embeddings (3), pre_layrnorm (2), two of the three layers (16 each), projector (4):
@@ -196,7 +202,7 @@ mod tests {
         assert!(!g.stablehlo.contains("encoder.layers.2."));
         assert!(!g.stablehlo.contains("post_layernorm"));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "image-57x57".into() };
-        let err = graph(&config, &bad).expect_err("no such bucket");
+        let err = graph(&config, &bad, &EncoderTarget::unknown()).expect_err("no such bucket");
         assert_eq!(err.message.as_str(), "no image encoder bucket `image-57x57` (llava has `image-56x56`)");
         assert!(buckets(&config, Modality::Audio).is_err());
     }
@@ -212,7 +218,7 @@ mod tests {
         assert_eq!(linear_1.1, [64, 64]);
         assert!(!params.iter().any(|(k, _)| k.ends_with(".linear_1.bias")));
         assert!(params.iter().any(|(k, _)| k.contains("encoder.layers.2.")));
-        let text = emit(&config).expect("emit");
+        let text = emit(&config, NumericContract::f32()).expect("emit");
         assert!(text.contains("-> tensor<17x64xf32>"), "{text}");
         assert!(
             text.contains("stablehlo.concatenate") && text.contains("dim = 1 : (tensor<17x32xf32>, tensor<17x32xf32>)")

@@ -25,10 +25,10 @@ use mlxcel_family_common::Image;
 use mlxcel_plugin_api::decoder::presets;
 use mlxcel_plugin_api::decoder::spec::{DecoderSpec, WeightLayout};
 use mlxcel_plugin_api::{
-    AttentionMask, Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, ErrorCode,
-    FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PlaceMode, PluginError,
-    PluginIdentity, Positions, PrefillProgram, PreprocessOptions, Preprocessed, ProgramPlacement, PromptLayout, RVec,
-    ShapeBucket, Tensor, TensorSpec, TokenSet,
+    AttentionMask, Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget,
+    ErrorCode, FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PlaceMode,
+    PluginError, PluginIdentity, Positions, PrefillProgram, PreprocessOptions, Preprocessed, ProgramPlacement,
+    PromptLayout, RVec, ShapeBucket, Tensor, TensorSpec, TokenSet,
 };
 
 pub use config::MolmoConfig;
@@ -87,8 +87,12 @@ impl FamilyPlugin for Molmo {
         vision::buckets(config, modality)
     }
 
-    fn encoder_graph(config: &MolmoConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        vision::graph(config, request)
+    fn encoder_graph(
+        config: &MolmoConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request, target)
     }
 
     fn prefill_program(config: &MolmoConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

@@ -23,9 +23,9 @@
 //! zero-pads a smaller image into it, and the rows past its own tokens are never placed.
 
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, Type, Value};
-use mlxcel_family_common::vit::{Tower, attend, declare_parameters, parameter_specs};
+use mlxcel_family_common::vit::{Tower, attend, declare_parameters, encoder_contract, parameter_specs};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
 use crate::config::MolmoConfig;
@@ -125,7 +125,12 @@ pub(crate) fn parameters(config: &MolmoConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-pub(crate) fn graph(config: &MolmoConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+pub(crate) fn graph(
+    config: &MolmoConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
     let list = bucket_list(config);
     let bucket = list.iter().copied().find(|b| b.id() == request.bucket.as_str());
     let (Modality::Image, Some(bucket)) = (request.modality, bucket) else {
@@ -136,7 +141,7 @@ pub(crate) fn graph(config: &MolmoConfig, request: &EncoderGraphRequest) -> Resu
             config.processor.max_crops + 1
         )));
     };
-    let stablehlo = emit(config, bucket).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
+    let stablehlo = emit(config, bucket, c).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
     Ok(EncoderGraph {
         bucket: request.bucket.clone(),
         stablehlo: stablehlo.into(),
@@ -219,10 +224,9 @@ impl Emitter<'_> {
 }
 
 /// Emits the module for one bucket.
-pub(crate) fn emit(config: &MolmoConfig, bucket: Bucket) -> Result<String, mlxcel_emit::EmitError> {
+pub(crate) fn emit(config: &MolmoConfig, bucket: Bucket, c: NumericContract) -> Result<String, mlxcel_emit::EmitError> {
     let mut m = Module::new("molmo_vision");
-    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: "", eps: config.vision.norm_eps };
     let e = Emitter { c, config, tower };
     let v = &config.vision;

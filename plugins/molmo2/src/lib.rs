@@ -27,9 +27,9 @@ use mlxcel_family_common::Image;
 use mlxcel_plugin_api::decoder::presets;
 use mlxcel_plugin_api::decoder::spec::{Attention, DecoderSpec, NormPlacement, Norms, QkNormScope, WeightLayout};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, ErrorCode, FamilyPlugin,
-    LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram,
-    PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket, Tensor, TensorSpec,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode,
+    FamilyPlugin, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket, Tensor, TensorSpec,
 };
 
 pub use config::Molmo2Config;
@@ -91,8 +91,12 @@ impl FamilyPlugin for Molmo2 {
         vision::buckets(config, modality)
     }
 
-    fn encoder_graph(config: &Molmo2Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        vision::graph(config, request)
+    fn encoder_graph(
+        config: &Molmo2Config,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request, target)
     }
 
     fn prefill_program(config: &Molmo2Config, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

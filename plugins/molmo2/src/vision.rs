@@ -23,9 +23,9 @@
 //! such rows never moves a row: the placed rows are the first `feature_tokens`.
 
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, Type, Value};
-use mlxcel_family_common::vit::{Tower, attend, declare_parameters, parameter_specs};
+use mlxcel_family_common::vit::{Tower, attend, declare_parameters, encoder_contract, parameter_specs};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
 };
 
 use crate::config::Molmo2Config;
@@ -144,7 +144,12 @@ pub(crate) fn parameters(config: &Molmo2Config) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-pub(crate) fn graph(config: &Molmo2Config, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+pub(crate) fn graph(
+    config: &Molmo2Config,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
     let p = config.processor()?;
     let bucket = bucket_list(&p).into_iter().find(|b| b.id() == request.bucket.as_str());
     let (Modality::Image, Some(bucket)) = (request.modality, bucket) else {
@@ -155,7 +160,8 @@ pub(crate) fn graph(config: &Molmo2Config, request: &EncoderGraphRequest) -> Res
             p.max_crops() + 1
         )));
     };
-    let stablehlo = emit(config, bucket, p.pool()).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
+    let stablehlo =
+        emit(config, bucket, p.pool(), c).map_err(|e| PluginError::new(ErrorCode::Internal, e.to_string()))?;
     Ok(EncoderGraph {
         bucket: request.bucket.clone(),
         stablehlo: stablehlo.into(),
@@ -233,10 +239,14 @@ impl Emitter<'_> {
 }
 
 /// Emits the module for one bucket.
-pub(crate) fn emit(config: &Molmo2Config, bucket: Bucket, pool: usize) -> Result<String, mlxcel_emit::EmitError> {
+pub(crate) fn emit(
+    config: &Molmo2Config,
+    bucket: Bucket,
+    pool: usize,
+    c: NumericContract,
+) -> Result<String, mlxcel_emit::EmitError> {
     let mut m = Module::new("molmo2_vision");
-    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: "", eps: config.vision.layer_norm_eps };
     let e = Emitter { c, config, tower };
     let v = &config.vision;

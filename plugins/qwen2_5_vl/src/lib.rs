@@ -21,9 +21,9 @@ mod vision;
 use mlxcel_family_common::qwen_vl::{contract, processor, prompt};
 use mlxcel_plugin_api::decoder::DecoderSpec;
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
-    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
-    PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
+    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
+    Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Qwen25VlConfig;
@@ -76,8 +76,12 @@ impl FamilyPlugin for Qwen25Vl {
         mlxcel_family_common::qwen_vl::vision::buckets(&config.qwen, &vision::signature(config), modality, "qwen2-5-vl")
     }
 
-    fn encoder_graph(config: &Qwen25VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        vision::graph(config, request)
+    fn encoder_graph(
+        config: &Qwen25VlConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request, target)
     }
 
     fn prefill_program(config: &Qwen25VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

@@ -20,9 +20,9 @@ use mlxcel_family_common::qwen_vl::{contract, processor, prompt};
 
 use mlxcel_plugin_api::decoder::DecoderSpec;
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
-    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
-    PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
+    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
+    Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Qwen2VlConfig;
@@ -75,8 +75,12 @@ impl FamilyPlugin for Qwen2Vl {
         mlxcel_family_common::qwen_vl::vision::buckets(&config.qwen, &vision::signature(config), modality, "qwen2-vl")
     }
 
-    fn encoder_graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        vision::graph(config, request)
+    fn encoder_graph(
+        config: &Qwen2VlConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request, target)
     }
 
     fn prefill_program(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

@@ -15,8 +15,8 @@
 
 use mlxcel_emit::{Func, Module, NumericContract, Value};
 use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask};
-use mlxcel_family_common::vit::{Tower, declare_parameters, rotary_2d};
-use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, PluginError};
+use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, rotary_2d};
+use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::Qwen2VlConfig;
 
@@ -65,16 +65,20 @@ pub(crate) fn parameters(config: &Qwen2VlConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-pub(crate) fn graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-    encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n))
+pub(crate) fn graph(
+    config: &Qwen2VlConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
+    encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 
 /// Emits the module for a bucket of `n` patch rows.
-pub(crate) fn emit(config: &Qwen2VlConfig, n: usize) -> Result<String, mlxcel_emit::EmitError> {
+pub(crate) fn emit(config: &Qwen2VlConfig, n: usize, c: NumericContract) -> Result<String, mlxcel_emit::EmitError> {
     let (v, g) = (&config.vision, &config.qwen.geometry);
     let mut m = Module::new("qwen2_vl_vision");
-    let globals = declare_parameters(&mut m, &parameters(config), config.qwen.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.qwen.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: PREFIX, eps: LN_EPS };
     let width = g.patch_width();
     let args = signature(config).argument_types(&config.qwen, n);
@@ -115,12 +119,12 @@ mod tests {
     fn the_graph_emits_for_the_fixture_with_its_declared_signature() {
         let config = fixture_config();
         let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-64".into() };
-        let g = graph(&config, &request).expect("graph");
+        let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
         assert_eq!(g.parameters.len(), 1 + 12 * 2 + 6);
         assert!(g.stablehlo.contains("\"model\"::\"visual/merger.mlp.2.bias\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
-        assert!(graph(&config, &bad).is_err());
+        assert!(graph(&config, &bad, &EncoderTarget::unknown()).is_err());
     }
 }

@@ -26,9 +26,9 @@ mod vision;
 use mlxcel_family_common::qwen_vl::{contract, prompt};
 use mlxcel_plugin_api::decoder::{DecoderSpec, presets};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
-    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
-    PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
+    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
+    Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Qwen3VlConfig;
@@ -90,8 +90,12 @@ impl FamilyPlugin for Qwen3Vl {
         mlxcel_family_common::qwen_vl::vision::buckets(&config.qwen, &vision::signature(config), modality, "qwen3-vl")
     }
 
-    fn encoder_graph(config: &Qwen3VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        vision::graph(config, request)
+    fn encoder_graph(
+        config: &Qwen3VlConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request, target)
     }
 
     fn prefill_program(config: &Qwen3VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

@@ -19,8 +19,8 @@
 
 use mlxcel_emit::{Func, Module, NumericContract, Value};
 use mlxcel_family_common::qwen_vl::vision::{FEATURES, RowInput, Signature, encoder_graph, image_keys, same_keys_mask};
-use mlxcel_family_common::vit::{Tower, declare_parameters, rotary_2d};
-use mlxcel_plugin_api::{DType, EncoderGraph, EncoderGraphRequest, PluginError};
+use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, rotary_2d};
+use mlxcel_plugin_api::{DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::Qwen3VlConfig;
 use crate::processor::{POS_TAPS, POS_WEIGHTS};
@@ -99,8 +99,13 @@ pub(crate) fn parameters(config: &Qwen3VlConfig) -> Vec<(String, Vec<usize>)> {
     params
 }
 
-pub(crate) fn graph(config: &Qwen3VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-    encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n))
+pub(crate) fn graph(
+    config: &Qwen3VlConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
+    encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 
 /// The learned position embedding of each row: its taps' table rows times their weights,
@@ -138,11 +143,10 @@ fn deepstack_merger(tower: &Tower, c: NumericContract, f: &mut Func, x: &Value, 
 }
 
 /// Emits the module for a bucket of `n` patch rows.
-pub(crate) fn emit(config: &Qwen3VlConfig, n: usize) -> Result<String, mlxcel_emit::EmitError> {
+pub(crate) fn emit(config: &Qwen3VlConfig, n: usize, c: NumericContract) -> Result<String, mlxcel_emit::EmitError> {
     let (v, g) = (&config.vision, &config.qwen.geometry);
     let mut m = Module::new("qwen3_vl_vision");
-    let globals = declare_parameters(&mut m, &parameters(config), config.qwen.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.qwen.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: PREFIX, eps: LN_EPS };
     let (mut func, a) = m.func("main", &signature(config).argument_types(&config.qwen, n));
     let f = &mut func;
@@ -190,7 +194,7 @@ mod tests {
     fn the_graph_emits_for_the_fixture_with_its_declared_signature() {
         let config = fixture_config();
         let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-64".into() };
-        let g = graph(&config, &request).expect("graph");
+        let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         let names: Vec<&str> = g.outputs.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["image_features", "deepstack_features.0", "deepstack_features.1"]);
@@ -198,6 +202,6 @@ mod tests {
         assert_eq!(g.inputs.len(), 5);
         assert_eq!(g.parameters.len(), 3 + 12 * 2 + 6 * 3);
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
-        assert!(graph(&config, &bad).is_err());
+        assert!(graph(&config, &bad, &EncoderTarget::unknown()).is_err());
     }
 }

@@ -29,9 +29,9 @@ use mlxcel_family_common::qwen_vl::prompt;
 use mlxcel_family_common::qwen_vl::vision::{FEATURES, buckets};
 use mlxcel_plugin_api::decoder::{DecoderSpec, presets};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin, LayoutRequest,
-    MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed,
-    PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
+    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
+    Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::YoutuVlConfig;
@@ -83,8 +83,12 @@ impl FamilyPlugin for YoutuVl {
         buckets(config, &vision::signature(config), modality, "youtu-vl")
     }
 
-    fn encoder_graph(config: &YoutuVlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        vision::graph(config, request)
+    fn encoder_graph(
+        config: &YoutuVlConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        vision::graph(config, request, target)
     }
 
     fn prefill_program(config: &YoutuVlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

@@ -24,8 +24,10 @@
 
 use mlxcel_emit::{Func, Module, NumericContract, Value};
 use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask, window_keys};
-use mlxcel_family_common::vit::{AttentionOptions, Tower, declare_parameters, pre_norm_layer_parameters, rotary_2d};
-use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, PluginError};
+use mlxcel_family_common::vit::{
+    AttentionOptions, Tower, declare_parameters, encoder_contract, pre_norm_layer_parameters, rotary_2d,
+};
+use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::{VISION_ROPE_THETA, YoutuVlConfig};
 
@@ -65,16 +67,20 @@ pub(crate) fn parameters(config: &YoutuVlConfig) -> Vec<(String, Vec<usize>)> {
     params
 }
 
-pub(crate) fn graph(config: &YoutuVlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-    encoder_graph(config, &signature(config), request, &parameters(config), |n| emit(config, n))
+pub(crate) fn graph(
+    config: &YoutuVlConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+) -> Result<EncoderGraph, PluginError> {
+    let c = encoder_contract(target);
+    encoder_graph(config, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 
 /// Emits the module for a bucket of `n` patch rows.
-fn emit(config: &YoutuVlConfig, n: usize) -> Result<String, mlxcel_emit::EmitError> {
+fn emit(config: &YoutuVlConfig, n: usize, c: NumericContract) -> Result<String, mlxcel_emit::EmitError> {
     let (v, g) = (&config.vision, &config.geometry);
     let mut m = Module::new("youtu_vl_vision");
-    let globals = declare_parameters(&mut m, &parameters(config), config.weights);
-    let c = NumericContract::f32();
+    let globals = declare_parameters(&mut m, &parameters(config), config.weights, &c);
     let tower = Tower { c, globals: &globals, prefix: TOWER, eps: v.layer_norm_eps };
     let merger = Tower { c, globals: &globals, prefix: MERGER, eps: MERGER_EPS };
     let (mut func, a) = m.func("main", &signature(config).argument_types(config, n));
@@ -113,7 +119,7 @@ mod tests {
     fn the_graph_emits_for_the_fixture_with_its_declared_signature() {
         let config = fixture_config();
         let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-64".into() };
-        let g = graph(&config, &request).expect("graph");
+        let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         let shapes =
             |specs: &[TensorSpec]| specs.iter().map(|s| (s.name.to_string(), s.shape.to_vec())).collect::<Vec<_>>();
@@ -131,7 +137,7 @@ mod tests {
         assert!(g.stablehlo.contains("\"model\"::\"vision_model/encoder.layers.1.self_attn.q_proj.bias\""));
         assert!(g.stablehlo.contains("\"model\"::\"merger/mlp.2.weight\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
-        assert!(graph(&config, &bad).is_err());
+        assert!(graph(&config, &bad, &EncoderTarget::unknown()).is_err());
         let buckets = YoutuVl::encoder_buckets(&config, Modality::Image).expect("buckets");
         // Up to 1280 merged units of 4 patches.
         assert_eq!(buckets.last().map(|b| b.id.to_string()), Some("patches-6144".to_owned()));

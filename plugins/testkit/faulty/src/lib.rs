@@ -17,9 +17,9 @@ use std::time::Duration;
 use mlxcel_family_qwen2_vl::{Qwen2Vl, Qwen2VlConfig};
 use mlxcel_plugin_api::decoder::DecoderSpec;
 use mlxcel_plugin_api::{
-    CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, FamilyPlugin,
-    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, RVec, ShapeBucket,
+    CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget,
+    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram,
+    PreprocessOptions, Preprocessed, PromptLayout, RVec, ShapeBucket,
 };
 
 /// Width of an image whose preprocessing panics.
@@ -85,8 +85,12 @@ impl FamilyPlugin for Faulty {
         Qwen2Vl::encoder_buckets(config, modality)
     }
 
-    fn encoder_graph(config: &Qwen2VlConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
-        Qwen2Vl::encoder_graph(config, request)
+    fn encoder_graph(
+        config: &Qwen2VlConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
+        Qwen2Vl::encoder_graph(config, request, target)
     }
 
     fn prefill_program(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

@@ -13,9 +13,9 @@ use std::marker::PhantomData;
 use mlxcel_plugin_api::decoder::{self, DecoderSpec, presets};
 use mlxcel_plugin_api::{
     AttentionMask, Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph,
-    EncoderGraphRequest, FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig,
-    PluginError, PluginIdentity, Positions, PrefillProgram, PreprocessOptions, Preprocessed, ProgramPlacement,
-    PromptLayout, RString, RVec, ShapeBucket, SpecialToken, Tensor, TensorSpec,
+    EncoderGraphRequest, EncoderTarget, FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem, Modality,
+    ParsedConfig, PluginError, PluginIdentity, Positions, PrefillProgram, PreprocessOptions, Preprocessed,
+    ProgramPlacement, PromptLayout, RString, RVec, ShapeBucket, SpecialToken, Tensor, TensorSpec,
 };
 use serde::{Deserialize, Serialize};
 
@@ -256,7 +256,13 @@ impl<V: Variant> FamilyPlugin for Toy<V> {
             .collect())
     }
 
-    fn encoder_graph(config: &ToyConfig, request: &EncoderGraphRequest) -> Result<EncoderGraph, PluginError> {
+    /// The graph names the target it was asked for in a comment, so a test sees which entry
+    /// the host went through.
+    fn encoder_graph(
+        config: &ToyConfig,
+        request: &EncoderGraphRequest,
+        target: &EncoderTarget,
+    ) -> Result<EncoderGraph, PluginError> {
         let n: u64 = request
             .bucket
             .strip_prefix("patches-")
@@ -265,8 +271,9 @@ impl<V: Variant> FamilyPlugin for Toy<V> {
             .ok_or_else(|| PluginError::unsupported(format!("no bucket `{}`", request.bucket)))?;
         let k = u64::from(3 * config.patch_size * config.patch_size);
         let h = u64::from(config.hidden_size);
+        let vectors = target.vector_bits().map_or("unknown".to_owned(), |bits| format!("{bits}-bit"));
         let stablehlo = format!(
-            "module @toy_encoder {{\n  \
+            "// laid out for {vectors} vectors\nmodule @toy_encoder {{\n  \
              util.global private @proj = #flow.parameter.named<\"model\"::\"vision.proj.weight\"> : tensor<{k}x{h}xf32>\n  \
              func.func @main(%pixels: tensor<{n}x{k}xf32>) -> tensor<{n}x{h}xf32> {{\n    \
              %w = util.global.load @proj : tensor<{k}x{h}xf32>\n    \
