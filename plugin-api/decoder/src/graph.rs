@@ -241,7 +241,7 @@ impl KvLayout {
 #[derive(Clone)]
 enum Lin {
     Dense(Global),
-    /// A 16-bit float matrix `[out, in]` served in the contract's tiles (`NumericContract::tiles`,
+    /// A float matrix `[out, in]` served in the contract's tiles (`NumericContract::tiles`,
     /// `NumericContract::linear_tiled`).
     Tiled(Global),
     Affine {

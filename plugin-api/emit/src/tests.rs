@@ -342,11 +342,11 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 12);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v12:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 13);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v13:act=f32:acc=f32");
     assert_eq!(
         NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint(),
-        "numeric-contract=v12:act=bf16:acc=f32:bf16-dot=in-order"
+        "numeric-contract=v13:act=bf16:acc=f32:bf16-dot=in-order"
     );
 }
 
@@ -466,7 +466,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":12,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":13,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert_eq!(dense.bf16_dot, None, "f32 activations sum no bf16 products");
     assert!(!dense.to_json().contains("\"bf16_dot\":"), "{}", dense.to_json());
@@ -538,7 +538,7 @@ fn a_bf16_tiled_linear_contracts_bf16_operands_in_tiles_of_16_by_2_into_f32_and_
     assert_eq!(c.tiles(Elem::BF16, 64, 63), None, "63 inputs do not fill pairs");
     assert_eq!(c.tiles(Elem::F16, 64, 64), None);
     assert_eq!(c.tiles(Elem::F32, 64, 64), None);
-    assert_eq!(NumericContract::f32().tiles(Elem::F32, 64, 64), None, "f32 weights are read in place");
+    assert_eq!(NumericContract::f32().tiles(Elem::F32, 64, 64), Some(crate::Tiles::f32(32)), "f32 weights, f32 tiles");
     for (rows, m0) in [(1usize, 1usize), (8, 8), (16, 16), (64, 16)] {
         let mut m = Module::new("m");
         let tiles = crate::Tiles::BF16;

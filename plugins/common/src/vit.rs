@@ -31,8 +31,8 @@ pub struct Declared {
 
 /// Declares an encoder's weights, each `(logical name, shape)` in the dtype the checkpoint
 /// stores them in: by logical name, for a [`Tower`] computing under `c`. A `*.weight` matrix
-/// that `c` serves in tiles (`NumericContract::tiles`: 16-bit float weights, in tiles of the
-/// target's vectors) is declared in them instead, under the key they name (the host builds
+/// that `c` serves in tiles (`NumericContract::tiles`: f32 and 16-bit float weights, in tiles of
+/// the target's vectors) is declared in them instead, under the key they name (the host builds
 /// that view at load): [`Tower::project`] contracts it as stored, and [`Tower::w`] gives it
 /// back as the `[out, in]` matrix for any other use.
 pub fn declare_parameters(
@@ -45,18 +45,17 @@ pub fn declare_parameters(
     parameters
         .iter()
         .map(|(key, shape)| {
-            let tiles = match **shape {
-                [out, inputs] if key.ends_with(".weight") => c.tiles(elem, out, inputs),
+            let tiled = match **shape {
+                [out, inputs] if key.ends_with(".weight") => {
+                    c.tiles(elem, out, inputs).map(|t| (t, t.shape(out, inputs)))
+                }
                 _ => None,
             };
-            let global = match tiles {
-                Some(t) => {
-                    let [out, inputs] = [shape[0], shape[1]];
-                    m.param(&t.key(key), Type::new(elem, &t.shape(out, inputs)))
-                }
+            let global = match tiled {
+                Some((t, tiled_shape)) => m.param(&t.key(key), Type::new(elem, &tiled_shape)),
                 None => m.param(key, Type::new(elem, shape)),
             };
-            (key.clone(), Declared { global, tiles })
+            (key.clone(), Declared { global, tiles: tiled.map(|(t, _)| t) })
         })
         .collect()
 }
@@ -472,16 +471,17 @@ mod tests {
     }
 
     #[test]
-    fn sixteen_bit_matrices_are_tiled_for_the_targets_vectors() {
+    fn float_matrices_are_tiled_for_the_targets_vectors() {
         let avx2 = one_linear(EncoderTarget::new(Some(256)), WeightDtype::BF16);
         assert!(avx2.contains("\"v/fc.weight|tile16\"") && avx2.contains("tensor<4x8x16x1xbf16>"), "{avx2}");
         for target in [EncoderTarget::unknown(), EncoderTarget::new(Some(512))] {
             let wide = one_linear(target, WeightDtype::BF16);
             assert!(wide.contains("\"v/fc.weight|tile32\"") && wide.contains("tensor<2x8x32x1xbf16>"), "{wide}");
         }
-        // f32 matrices are read in place, whatever the target.
+        // f32 matrices take the same tiles; vectors are not tiled.
         let f32 = one_linear(EncoderTarget::new(Some(256)), WeightDtype::F32);
-        assert!(f32.contains("\"v/fc.weight\"") && !f32.contains("|tile"), "{f32}");
+        assert!(f32.contains("\"v/fc.weight|tile16\"") && f32.contains("tensor<4x8x16x1xf32>"), "{f32}");
+        assert!(f32.contains("\"v/fc.bias\""), "{f32}");
         // The matrix read whole comes back as `[out, in]`.
         assert!(avx2.contains("-> (tensor<4x64xf32>, tensor<64x8xf32>)"), "{avx2}");
     }
