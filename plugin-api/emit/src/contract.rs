@@ -52,9 +52,10 @@ pub const WEIGHT_LEFT_MAX_ROWS: usize = 16;
 /// 8 (2.48 ms).
 pub const WEIGHT_TILE_ROWS: usize = 32;
 
-/// Rows per tile of a weight served for [`NumericContract::linear_tiled`] under f32 activations
-/// on a CPU whose widest vectors are `vector_bits` wide (`None`: not known): two vectors of f32
-/// outputs, so 16 on AVX2 and [`WEIGHT_TILE_ROWS`] on AVX-512. Measured on an 8960x1536 bf16
+/// Rows per tile of a 16-bit weight served for [`NumericContract::linear_tiled`] under f32
+/// activations on a CPU whose widest vectors are `vector_bits` wide (`None`: not known): two
+/// vectors of f32 outputs, so 16 on AVX2 and [`WEIGHT_TILE_ROWS`] on AVX-512 (an f32 weight's
+/// tiles have half as many, see [`NumericContract::tiles`]). Measured on an 8960x1536 bf16
 /// weight on an AMD Zen 3 (AVX2; IREE 3.13, 2 threads, `linalg.mmt4d` alone): tiles of 16 rows
 /// contract 64 rows of `x` in 13.1 to 15.0 ms against 17.7 to 18.7 in tiles of 32, and one row
 /// as fast (1.47 to 1.85 ms against 1.50 to 1.81); tiles of 8 rows cost one row about 1.6x.
@@ -281,7 +282,7 @@ pub struct NumericContract {
     /// How bf16 x bf16 linears sum (bf16 activations over bf16 weights); f32 contracts have
     /// none and say [`Bf16Dot::InOrder`].
     pub bf16_dot: Bf16Dot,
-    /// Rows per weight tile of [`Tiles::f32`] ([`weight_tile_rows`] of the target; a layout,
+    /// Rows per 16-bit weight tile of [`Tiles::f32`] ([`weight_tile_rows`] of the target; a layout,
     /// which changes no result).
     pub tile_rows: usize,
 }
@@ -342,16 +343,25 @@ impl NumericContract {
     }
 
     /// The tiles a dense `[out, in]` matrix stored as `elem` is served in for
-    /// [`Self::linear_tiled`], or `None` when it is read as stored: f32 and 16-bit float weights
-    /// under f32 activations in [`Tiles::f32`] of the contract's rows, bf16 weights under bf16
+    /// [`Self::linear_tiled`], or `None` when it is read as stored: 16-bit float weights under f32
+    /// activations in [`Tiles::f32`] of the contract's rows, f32 weights in half as many (one
+    /// vector of the weight per input, as a 16-bit tile row is), bf16 weights under bf16
     /// activations in [`Tiles::BF16`] when they are summed in pairs ([`Bf16Dot::Pairs`]) and in
-    /// [`Tiles::f32`] otherwise, when the matrix fills whole tiles. f32 weights in tiles of 16 rows
-    /// on an AMD Zen 3 (AVX2; full-depth Qwen2-VL-2B text decoder, 305-row prompt, alternated
-    /// twice): prefill 6.38 and 6.65 s against 11.91 and 8.81 s through `linear`, decode 4.89 and
-    /// 5.81 tok/s against 4.07 and 4.60, the same greedy tokens.
+    /// [`Tiles::f32`] otherwise, when the matrix fills whole tiles.
+    ///
+    /// Measured on an AMD Zen 3 (AVX2): f32 weights in tiles of 16 rows against `linear`
+    /// (full-depth Qwen2-VL-2B text decoder, 305-row prompt, alternated twice): prefill 6.38 and
+    /// 6.65 s against 11.91 and 8.81 s, decode 4.89 and 5.81 tok/s against 4.07 and 4.60, the same
+    /// greedy tokens. Tiles of 8 rows against 16 (an 8960x1536 f32 weight, `linalg.mmt4d` alone,
+    /// IREE 3.13, 2 threads, 8 runs alternated, medians): 8 rows of `x` (a decode step of 8 streams)
+    /// 3.98 against 4.64 ms, where 16 outputs by 8 rows need more accumulators than AVX2 has
+    /// registers; 64 rows 14.4 against 14.2 ms, one row 3.0 against 2.9. Served, 8 streams
+    /// aggregated 23.9 tok/s (median of 4) against 20.0 (of 6) and 22.3 through `linear`; a
+    /// 329-row prompt prefilled in 7.34 and 7.36 s against 7.46 and 7.35.
     pub fn tiles(&self, elem: Elem, out: usize, inputs: usize) -> Option<Tiles> {
         let tiles = match (self.activations, elem, self.bf16_dot) {
-            (Elem::F32, Elem::F32 | Elem::BF16 | Elem::F16, _) => Tiles::f32(self.tile_rows),
+            (Elem::F32, Elem::F32, _) => Tiles::f32(self.tile_rows / 2),
+            (Elem::F32, Elem::BF16 | Elem::F16, _) => Tiles::f32(self.tile_rows),
             (Elem::BF16, Elem::BF16, Bf16Dot::Pairs) => Tiles::BF16,
             (Elem::BF16, Elem::BF16, Bf16Dot::InOrder) => Tiles::f32(self.tile_rows),
             _ => return None,

@@ -538,7 +538,7 @@ fn a_bf16_tiled_linear_contracts_bf16_operands_in_tiles_of_16_by_2_into_f32_and_
     assert_eq!(c.tiles(Elem::BF16, 64, 63), None, "63 inputs do not fill pairs");
     assert_eq!(c.tiles(Elem::F16, 64, 64), None);
     assert_eq!(c.tiles(Elem::F32, 64, 64), None);
-    assert_eq!(NumericContract::f32().tiles(Elem::F32, 64, 64), Some(crate::Tiles::f32(32)), "f32 weights, f32 tiles");
+    assert_eq!(NumericContract::f32().tiles(Elem::F32, 64, 64), Some(crate::Tiles::f32(16)), "f32 weights, f32 tiles");
     for (rows, m0) in [(1usize, 1usize), (8, 8), (16, 16), (64, 16)] {
         let mut m = Module::new("m");
         let tiles = crate::Tiles::BF16;
@@ -592,9 +592,9 @@ fn a_bf16_linear_summed_in_order_takes_the_f32_tiles_and_rounds_once() {
     assert_eq!(to_bf16, 1, "rounded once: {text}");
 }
 
-/// Mutation-sensitive: the weight tiles are two vectors of f32 outputs of the target: 16 rows
-/// on a CPU with 256-bit vectors (AVX2), 32 with 512-bit ones and where the width is not known,
-/// under f32 activations and bf16 summed in order alike; the tiled linear contracts what is
+/// Mutation-sensitive: a 16-bit weight's tiles are two vectors of f32 outputs of the target: 16
+/// rows on a CPU with 256-bit vectors (AVX2), 32 with 512-bit ones and where the width is not
+/// known, under f32 activations and bf16 summed in order alike; an f32 weight's are one vector; the tiled linear contracts what is
 /// declared, and bf16 summed in pairs keeps the microkernel's tile.
 #[test]
 fn the_weight_tiles_are_two_vectors_of_the_target() {
@@ -604,6 +604,9 @@ fn the_weight_tiles_are_two_vectors_of_the_target() {
     assert_eq!(NumericContract::f32().tile_rows, 32, "the default is the widest");
     let avx2 = NumericContract::f32().for_vectors(Some(256));
     assert_eq!(avx2.tiles(Elem::BF16, 48, 64), Some(crate::Tiles::f32(16)), "48 rows fill tiles of 16");
+    assert_eq!(avx2.tiles(Elem::F32, 48, 64), Some(crate::Tiles::f32(8)), "f32 weights: one vector of them");
+    assert_eq!(NumericContract::f32().for_vectors(Some(512)).tiles(Elem::F32, 48, 64), Some(crate::Tiles::f32(16)));
+    assert_eq!(avx2.tiles(Elem::F32, 44, 64), None, "44 rows do not fill tiles of 8");
     assert_eq!(NumericContract::f32().for_vectors(Some(512)).tiles(Elem::BF16, 48, 64), None);
     let in_order = NumericContract::bf16(crate::Bf16Dot::InOrder).for_vectors(Some(256));
     assert_eq!(in_order.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::f32(16)));
