@@ -355,9 +355,10 @@ impl NumericContract {
     /// greedy tokens. Tiles of 8 rows against 16 (an 8960x1536 f32 weight, `linalg.mmt4d` alone,
     /// IREE 3.13, 2 threads, 8 runs alternated, medians): 8 rows of `x` (a decode step of 8 streams)
     /// 3.98 against 4.64 ms, where 16 outputs by 8 rows need more accumulators than AVX2 has
-    /// registers; 64 rows 14.4 against 14.2 ms, one row 3.0 against 2.9. Served, 8 streams
-    /// aggregated 23.9 tok/s (median of 4) against 20.0 (of 6) and 22.3 through `linear`; a
-    /// 329-row prompt prefilled in 7.34 and 7.36 s against 7.46 and 7.35.
+    /// registers; 64 rows 14.4 against 14.2 ms, one row 3.0 against 2.9. Served (8 slots, 48
+    /// tokens a stream, alternated), 8 streams aggregated a median 21.1 tok/s against 20.1 in
+    /// tiles of 16 (6 runs each), and 23.9 against 22.3 through `linear` (4 each, a quieter
+    /// stretch); a 329-row prompt prefilled in 7.34 and 7.36 s against 7.46 and 7.35.
     pub fn tiles(&self, elem: Elem, out: usize, inputs: usize) -> Option<Tiles> {
         let tiles = match (self.activations, elem, self.bf16_dot) {
             (Elem::F32, Elem::F32, _) => Tiles::f32(self.tile_rows / 2),
