@@ -594,7 +594,8 @@ fn a_bf16_linear_summed_in_order_takes_the_f32_tiles_and_rounds_once() {
 
 /// Mutation-sensitive: a 16-bit weight's tiles are two vectors of f32 outputs of the target: 16
 /// rows on a CPU with 256-bit vectors (AVX2), 32 with 512-bit ones and where the width is not
-/// known, under f32 activations and bf16 summed in order alike; an f32 weight's are one vector; the tiled linear contracts what is
+/// known, under f32 activations and bf16 summed in order alike; an f32 weight's are one vector
+/// (two in a graph of many rows only); the tiled linear contracts what is
 /// declared, and bf16 summed in pairs keeps the microkernel's tile.
 #[test]
 fn the_weight_tiles_are_two_vectors_of_the_target() {
@@ -607,6 +608,8 @@ fn the_weight_tiles_are_two_vectors_of_the_target() {
     assert_eq!(avx2.tiles(Elem::F32, 48, 64), Some(crate::Tiles::f32(8)), "f32 weights: one vector of them");
     assert_eq!(NumericContract::f32().for_vectors(Some(512)).tiles(Elem::F32, 48, 64), Some(crate::Tiles::f32(16)));
     assert_eq!(avx2.tiles(Elem::F32, 44, 64), None, "44 rows do not fill tiles of 8");
+    assert_eq!(avx2.for_many_rows().tiles(Elem::F32, 48, 64), Some(crate::Tiles::f32(16)), "many rows only: two");
+    assert_eq!(avx2.for_many_rows().tiles(Elem::BF16, 48, 64), Some(crate::Tiles::f32(16)));
     assert_eq!(NumericContract::f32().for_vectors(Some(512)).tiles(Elem::BF16, 48, 64), None);
     let in_order = NumericContract::bf16(crate::Bf16Dot::InOrder).for_vectors(Some(256));
     assert_eq!(in_order.tiles(Elem::BF16, 64, 64), Some(crate::Tiles::f32(16)));

@@ -16,9 +16,10 @@ use crate::config::WeightDtype;
 
 /// The contract an encoder graph computes under on `target`: f32 (a 16-bit checkpoint's weights
 /// widened inside the graph), its weights tiled for the target's vectors
-/// (`NumericContract::for_vectors`), which changes no result.
+/// (`NumericContract::for_vectors`), f32 ones as 16-bit ones since an encoder contracts only
+/// many rows (`NumericContract::for_many_rows`); tiles change no result.
 pub fn encoder_contract(target: &EncoderTarget) -> NumericContract {
-    NumericContract::f32().for_vectors(target.vector_bits())
+    NumericContract::f32().for_vectors(target.vector_bits()).for_many_rows()
 }
 
 /// An encoder weight as its module declares it: the global, and the tiles a matrix is
@@ -478,9 +479,9 @@ mod tests {
             let wide = one_linear(target, WeightDtype::BF16);
             assert!(wide.contains("\"v/fc.weight|tile32\"") && wide.contains("tensor<2x8x32x1xbf16>"), "{wide}");
         }
-        // f32 matrices take tiles of one vector of f32 (8 rows on AVX2); vectors are not tiled.
+        // f32 matrices take the same tiles in an encoder (many rows only); vectors are not tiled.
         let f32 = one_linear(EncoderTarget::new(Some(256)), WeightDtype::F32);
-        assert!(f32.contains("\"v/fc.weight|tile8\"") && f32.contains("tensor<8x8x8x1xf32>"), "{f32}");
+        assert!(f32.contains("\"v/fc.weight|tile16\"") && f32.contains("tensor<4x8x16x1xf32>"), "{f32}");
         assert!(f32.contains("\"v/fc.bias\""), "{f32}");
         // The matrix read whole comes back as `[out, in]`.
         assert!(avx2.contains("-> (tensor<4x64xf32>, tensor<64x8xf32>)"), "{avx2}");

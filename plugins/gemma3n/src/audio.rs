@@ -663,7 +663,7 @@ mod tests {
             assert_eq!(g.parameters.len(), 5 + 2 * 22 + 4);
             assert_eq!(g.parameters.len(), parameters(&config).len());
             assert!(g.stablehlo.contains("\"model\"::\"audio_tower/conformer.1.lconv1d.depthwise_conv1d.weight\""));
-            assert!(g.stablehlo.contains("\"model\"::\"embed_audio/embedding_projection.weight|tile16\""));
+            assert!(g.stablehlo.contains("\"model\"::\"embed_audio/embedding_projection.weight|tile32\""));
             assert!(g.stablehlo.contains("-> (tensor<8x64xf32>, tensor<8x64xf32>)"));
         }
         let bad = EncoderGraphRequest { modality: Modality::Audio, bucket: "frames-96".into() };

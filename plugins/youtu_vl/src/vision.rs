@@ -135,7 +135,7 @@ mod tests {
         assert_eq!(g.parameters.len(), 2 + 16 * 2 + 7);
         assert!(g.parameters.iter().all(|p| p.dtype == DType::F32));
         assert!(g.stablehlo.contains("\"model\"::\"vision_model/encoder.layers.1.self_attn.q_proj.bias\""));
-        assert!(g.stablehlo.contains("\"model\"::\"merger/mlp.2.weight|tile16\""));
+        assert!(g.stablehlo.contains("\"model\"::\"merger/mlp.2.weight|tile32\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
         assert!(graph(&config, &bad, &EncoderTarget::unknown()).is_err());
         let buckets = YoutuVl::encoder_buckets(&config, Modality::Image).expect("buckets");
