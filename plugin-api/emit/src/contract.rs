@@ -285,10 +285,9 @@ pub struct NumericContract {
     /// Rows per 16-bit weight tile of [`Tiles::f32`] ([`weight_tile_rows`] of the target; a layout,
     /// which changes no result).
     pub tile_rows: usize,
-    /// Rows per f32 weight tile of [`Tiles::f32`]: half of `tile_rows` (one vector of f32) where
-    /// a few rows are contracted too ([`Self::tiles`]), `tile_rows` where only many are
-    /// ([`Self::for_many_rows`]).
-    pub f32_tile_rows: usize,
+    /// Whether the graph's linears only ever contract many rows (an encoder's), so f32 weights take
+    /// `tile_rows` too rather than half as many ([`Self::tiles`], [`Self::for_many_rows`]).
+    pub many_rows_only: bool,
 }
 
 impl NumericContract {
@@ -300,7 +299,7 @@ impl NumericContract {
             accumulate: Elem::F32,
             bf16_dot: Bf16Dot::InOrder,
             tile_rows: WEIGHT_TILE_ROWS,
-            f32_tile_rows: WEIGHT_TILE_ROWS / 2,
+            many_rows_only: false,
         }
     }
 
@@ -313,8 +312,7 @@ impl NumericContract {
     /// The same contract with its weight tiles for a CPU whose widest vectors are `vector_bits`
     /// wide ([`weight_tile_rows`]).
     pub fn for_vectors(self, vector_bits: Option<u32>) -> Self {
-        let rows = weight_tile_rows(vector_bits);
-        NumericContract { tile_rows: rows, f32_tile_rows: rows / 2, ..self }
+        NumericContract { tile_rows: weight_tile_rows(vector_bits), ..self }
     }
 
     /// The same contract for a graph whose linears only ever contract many rows of `x` (an
@@ -323,7 +321,7 @@ impl NumericContract {
     /// alone, 1024 rows, 4 runs alternated): a 5120x1280 f32 weight 86.3 to 90.2 ms in tiles of 16
     /// against 88.8 to 104 in tiles of 8, a 1280x1280 one level.
     pub fn for_many_rows(self) -> Self {
-        NumericContract { f32_tile_rows: self.tile_rows, ..self }
+        NumericContract { many_rows_only: true, ..self }
     }
 
     /// The contract's full record for a graph reading `sources` (see
@@ -376,8 +374,9 @@ impl NumericContract {
     /// tiles of 16 (6 runs each), and 23.9 against 22.3 through `linear` (4 each, a quieter
     /// stretch); a 329-row prompt prefilled in 7.34 and 7.36 s against 7.46 and 7.35.
     pub fn tiles(&self, elem: Elem, out: usize, inputs: usize) -> Option<Tiles> {
+        let f32_rows = if self.many_rows_only { self.tile_rows } else { self.tile_rows / 2 };
         let tiles = match (self.activations, elem, self.bf16_dot) {
-            (Elem::F32, Elem::F32, _) => Tiles::f32(self.f32_tile_rows),
+            (Elem::F32, Elem::F32, _) => Tiles::f32(f32_rows),
             (Elem::F32, Elem::BF16 | Elem::F16, _) => Tiles::f32(self.tile_rows),
             (Elem::BF16, Elem::BF16, Bf16Dot::Pairs) => Tiles::BF16,
             (Elem::BF16, Elem::BF16, Bf16Dot::InOrder) => Tiles::f32(self.tile_rows),
