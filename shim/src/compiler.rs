@@ -75,12 +75,26 @@ impl Target {
     pub fn fingerprint(&self) -> String {
         match self {
             Target::Cpu { cpu } if cpu == "host" => {
-                format!("llvm-cpu:host:{}:ukernels-none:tuning-{}", host_cpu_identity(), tuning_spec_digest())
+                format!("llvm-cpu:host:{}:ukernels-none:tuning-{}", host_cpu_identity(), self.tuning_spec_digest())
             }
-            Target::Cpu { cpu } => format!("llvm-cpu:{cpu}:ukernels-none:tuning-{}", tuning_spec_digest()),
+            Target::Cpu { cpu } => format!("llvm-cpu:{cpu}:ukernels-none:tuning-{}", self.tuning_spec_digest()),
             Target::Cuda => "cuda".into(),
             Target::Vulkan => "vulkan-spirv".into(),
         }
+    }
+
+    /// The Transform-dialect tuning spec compiles for this target are given
+    /// ([`llvm_cpu_tuning_spec`] for its vector width), `None` off the CPU.
+    pub fn tuning_spec(&self) -> Option<String> {
+        match self {
+            Target::Cpu { .. } => Some(llvm_cpu_tuning_spec(self.vector_bits())),
+            Target::Cuda | Target::Vulkan => None,
+        }
+    }
+
+    fn tuning_spec_digest(&self) -> String {
+        use sha2::Digest;
+        hex::encode(&sha2::Sha256::digest(self.tuning_spec().unwrap_or_default().as_bytes())[..8])
     }
 }
 
@@ -109,15 +123,52 @@ fn host_cpu_identity() -> String {
     hex::encode(&sha2::Sha256::digest(lines.join("\n").as_bytes())[..8])
 }
 
-/// IREE's Transform-dialect tuning spec for `llvm-cpu` (`shim/tuning/llvm_cpu.mlir`): lowering
-/// configurations for the dispatch shapes IREE's defaults leave slow, given to every CPU compile
-/// (IREE's own mechanism for per-target tuning, instead of hand-written kernels). Its digest is
-/// part of the target's fingerprint, so every cache key follows it.
-pub const LLVM_CPU_TUNING_SPEC: &str = include_str!("../tuning/llvm_cpu.mlir");
+/// The matchers of IREE's Transform-dialect tuning spec for every `llvm-cpu` target
+/// (`shim/tuning/llvm_cpu.mlir`): lowering configurations for the dispatch shapes IREE's
+/// defaults leave slow (IREE's own mechanism for per-target tuning, instead of hand-written
+/// kernels).
+const LLVM_CPU_MATCHERS: &str = include_str!("../tuning/llvm_cpu.mlir");
 
-fn tuning_spec_digest() -> String {
-    use sha2::Digest;
-    hex::encode(&sha2::Sha256::digest(LLVM_CPU_TUNING_SPEC.as_bytes())[..8])
+/// The matchers for 256-bit (AVX2) targets only (`shim/tuning/llvm_cpu_avx2.mlir`): IREE's
+/// defaults for their shapes differ on AVX-512.
+const LLVM_CPU_AVX2_MATCHERS: &str = include_str!("../tuning/llvm_cpu_avx2.mlir");
+
+/// The tuning spec for an `llvm-cpu` target whose widest vectors are `vector_bits` wide (`None`:
+/// not known): the matchers of every target, then those of its width, each applying its
+/// configuration (`@apply_op_config`) to the operations it matches; IREE tries them in this
+/// order and the first that matches wins. Its digest is part of the target's fingerprint, so
+/// every cache key follows it.
+pub fn llvm_cpu_tuning_spec(vector_bits: Option<u32>) -> String {
+    let mut matchers = vec![LLVM_CPU_MATCHERS];
+    if vector_bits == Some(256) {
+        matchers.push(LLVM_CPU_AVX2_MATCHERS);
+    }
+    let names: Vec<&str> = matchers
+        .iter()
+        .flat_map(|m| m.lines())
+        .filter_map(|l| l.trim_start().strip_prefix("transform.named_sequence @"))
+        .filter_map(|l| l.split_once('(').map(|(name, _)| name))
+        .collect();
+    let entries: Vec<String> = names.iter().map(|n| format!("        @{n} -> @apply_op_config")).collect();
+    format!(
+        "module @mlxcel_llvm_cpu attributes {{transform.with_named_sequence, iree_codegen.tuning_spec_with_default_entrypoint}} {{
+  transform.named_sequence @apply_op_config(%op: !transform.any_op {{transform.readonly}}, %config: !transform.any_param {{transform.readonly}}) {{
+    transform.annotate %op \"compilation_info\" = %config : !transform.any_op, !transform.any_param
+    transform.yield
+  }}
+
+{}
+  transform.named_sequence @__kernel_config(%variant: !transform.any_op {{transform.consumed}}) -> !transform.any_op attributes {{iree_codegen.tuning_spec_entrypoint}} {{
+    %res = transform.foreach_match in %variant
+{}
+      : (!transform.any_op) -> !transform.any_op
+    transform.yield %res : !transform.any_op
+  }}
+}}
+",
+        matchers.join("\n"),
+        entries.join(",\n")
+    )
 }
 
 /// A loaded IREE compiler. Cheap to clone; the library stays loaded for the
@@ -168,21 +219,23 @@ impl Compiler {
     }
 
     /// Compiles StableHLO (or any IREE input) text. `what` names the module
-    /// in errors; `extra_flags` follow the target's flags, replacing any for the same option.
+    /// in errors; `extra_flags` follow the target's flags and its tuning spec, replacing any for
+    /// the same option (a `--iree-codegen-tuning-spec-path` of their own replaces the target's).
     pub fn compile(&self, what: &str, mlir: &str, target: &Target, extra_flags: &[String]) -> Result<Vec<u8>> {
-        let mut flags = without_replaced(target.flags(), extra_flags);
+        let mut flags = target.flags();
         // The compiler reads the spec from a file; it lives as long as this call.
-        let spec = match target {
-            Target::Cpu { .. } => {
-                let file = write_spec(LLVM_CPU_TUNING_SPEC).map_err(|e| Error::Compile {
+        let spec = match target.tuning_spec() {
+            Some(text) => {
+                let file = write_spec(&text).map_err(|e| Error::Compile {
                     what: what.to_owned(),
                     diagnostics: format!("could not write the tuning spec to a temporary file: {e}"),
                 })?;
                 flags.push(format!("--iree-codegen-tuning-spec-path={}", file.path().display()));
                 Some(file)
             }
-            Target::Cuda | Target::Vulkan => None,
+            None => None,
         };
+        let mut flags = without_replaced(flags, extra_flags);
         flags.extend(extra_flags.iter().cloned());
         let _span = tracing::info_span!("compile", module = what).entered();
         // One thread uses IREE at a time (see lock.rs): concurrent compiler
@@ -303,6 +356,29 @@ mod tests {
         assert_eq!(cpuinfo_vector_bits("flags : sse2 sse4_2\n"), Some(128));
         assert_eq!(cpuinfo_vector_bits("Features : fp asimd\n"), None, "not x86");
         assert_eq!(Target::Cpu { cpu: "znver4".into() }.vector_bits(), None, "a named CPU is not known");
+    }
+
+    #[test]
+    fn avx2_targets_get_their_own_matchers_after_every_targets() {
+        let entry = |name: &str| format!("@{name} -> @apply_op_config");
+        let base = ["match_matvec_bf16", "match_matvec_f16", "match_qlinear_rows_g32", "match_qlinear_rows"];
+        let avx2 = ["match_mmt4d_f32_deep_tiles8", "match_mmt4d_f32_deep_tiles16"];
+        for bits in [None, Some(128), Some(512)] {
+            let spec = llvm_cpu_tuning_spec(bits);
+            assert!(base.iter().all(|m| spec.contains(&entry(m))), "{bits:?}");
+            assert!(!spec.contains("mmt4d_f32_deep"), "{bits:?}: IREE's AVX-512 defaults for these differ");
+        }
+        let spec = llvm_cpu_tuning_spec(Some(256));
+        let at = |m: &str| spec.find(&entry(m)).unwrap_or_else(|| panic!("{m} listed"));
+        assert!(at(base[3]) < at(avx2[0]) && at(avx2[0]) < at(avx2[1]), "in order");
+        // Every matcher defined is tried, and nothing else is.
+        assert_eq!(spec.matches(" -> @apply_op_config").count(), base.len() + avx2.len());
+        assert_eq!(spec.matches("transform.named_sequence @match_").count(), base.len() + avx2.len());
+        assert_ne!(
+            Target::host_cpu().tuning_spec().is_some(),
+            Target::Cuda.tuning_spec().is_some(),
+            "CPU compiles only"
+        );
     }
 
     #[test]

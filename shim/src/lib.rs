@@ -17,7 +17,7 @@ pub mod tensor;
 pub use artifact::{Artifact, ParameterDecl};
 pub use cache::{CacheOutcome, CompileCache, CompileRequest};
 pub use checkpoint::Checkpoint;
-pub use compiler::{Compiler, IREE_VERSION, Target};
+pub use compiler::{Compiler, IREE_VERSION, Target, llvm_cpu_tuning_spec};
 pub use error::{Error, Result};
 pub use runtime::{Arg, Device, DeviceTensor, Driver, Invocation, Parameters, Session};
 pub use tensor::{DType, HostTensor, TensorDesc};

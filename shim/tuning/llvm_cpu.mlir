@@ -1,15 +1,12 @@
-// IREE tuning spec for the llvm-cpu target, given to every CPU compile with
-// --iree-codegen-tuning-spec-path; its digest is part of the target's fingerprint,
-// so a change here recompiles every cached module.
+// Matchers of the IREE tuning spec for every llvm-cpu target, composed with those of the
+// target's vector width (`llvm_cpu_avx2.mlir`) into one spec given to every CPU compile with
+// --iree-codegen-tuning-spec-path (`shim/src/compiler.rs`, `llvm_cpu_tuning_spec`, which adds
+// the module, `@apply_op_config` and the entry point trying each matcher in turn); its digest
+// is part of the target's fingerprint, so a change here recompiles every cached module.
 //
 // Each matcher names the dispatch shape IREE 3.13's default configuration leaves
 // slow, and the configuration measured faster on this project's bench machines
 // (BENCHMARKS.md, "the bf16 decode step").
-module @mlxcel_llvm_cpu attributes {transform.with_named_sequence, iree_codegen.tuning_spec_with_default_entrypoint} {
-  transform.named_sequence @apply_op_config(%op: !transform.any_op {transform.readonly}, %config: !transform.any_param {transform.readonly}) {
-    transform.annotate %op "compilation_info" = %config : !transform.any_op, !transform.any_param
-    transform.yield
-  }
 
   // A decode step's linear over a 16-bit float weight (`w @ x`, one row, f32
   // activations) that is not served in row tiles (the graphs tile every matrix
@@ -82,14 +79,3 @@ module @mlxcel_llvm_cpu attributes {transform.with_named_sequence, iree_codegen.
       translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>> -> !transform.any_param
     transform.yield %op, %config : !transform.any_op, !transform.any_param
   }
-
-  transform.named_sequence @__kernel_config(%variant: !transform.any_op {transform.consumed}) -> !transform.any_op attributes {iree_codegen.tuning_spec_entrypoint} {
-    %res = transform.foreach_match in %variant
-        @match_matvec_bf16 -> @apply_op_config,
-        @match_matvec_f16 -> @apply_op_config,
-        @match_qlinear_rows_g32 -> @apply_op_config,
-        @match_qlinear_rows -> @apply_op_config
-      : (!transform.any_op) -> !transform.any_op
-    transform.yield %res : !transform.any_op
-  }
-}

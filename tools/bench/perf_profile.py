@@ -167,10 +167,14 @@ def mapped_images(pid: int, images: list[Image]) -> list[tuple[int, int, Image]]
                 if img.text is None:
                     continue
                 off, vaddr, size = img.text
-                probe = min(size, 256)
+                if hi - lo < (vaddr & 0xFFF) + size:
+                    continue
+                # The whole executable segment: graphs that differ only in later dispatches (the
+                # same model's encoder before and after a change of its weight tiles) share a
+                # prefix, and naming samples by the wrong image names the wrong dispatches.
                 mem.seek(lo + (vaddr & 0xFFF))
                 try:
-                    if mem.read(probe) == img.elf[off:off + probe] and hi - lo >= size:
+                    if mem.read(size) == img.elf[off:off + size]:
                         found.append((lo, hi, img))
                         break
                 except OSError:
@@ -252,7 +256,10 @@ def main() -> int:
     url = "data:image/png;base64," + __import__("base64").b64encode(image.read_bytes()).decode()
     cmd = compare.host_cmd("serve", "--model", str(args.model), "--port", "0", "--slots", str(args.streams), "--context",
                            str(args.context), "--chunk", str(args.chunk), "--driver", args.driver,
-                           "--plugins", str(compare.PLUGINS))
+                           "--plugins", str(compare.PLUGINS),
+                           # The profiled image request repeats the warm-up's image and prompt: without
+                           # these its encoder output and prompt rows would be served from the caches.
+                           "--encoder-cache-mb", "0", "--no-prefix-cache")
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     addr = None
     for line in server.stdout:

@@ -135,3 +135,75 @@ fn an_asynchronous_call_runs_while_another_device_is_used_and_gives_the_same_res
         assert!(err.to_string().contains("argument"), "{err}");
     }
 }
+
+/// `x [1, depth, 16, 1]` against `w [n1, depth, 8, 1]` by `linalg.mmt4d` into f32.
+fn deep_mmt4d(depth: usize, n1: usize) -> String {
+    let x = format!("tensor<1x{depth}x16x1xf32>");
+    let w = format!("tensor<{n1}x{depth}x8x1xf32>");
+    let o = format!("tensor<1x{n1}x16x8xf32>");
+    format!(
+        "func.func @main(%x: {x}, %w: {w}) -> {o} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {o}
+  %a = linalg.fill ins(%z : f32) outs(%e : {o}) -> {o}
+  %r = linalg.mmt4d ins(%x, %w : {x}, {w}) outs(%a : {o}) -> {o}
+  return %r : {o}
+}}"
+    )
+}
+
+#[test]
+fn the_avx2_spec_spreads_a_deep_f32_contraction_over_four_by_four_tiles_and_computes_it_exactly() {
+    use mlxcel_shim::{CompileCache, CompileRequest, Device, Driver, Session, Target, llvm_cpu_tuning_spec};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = dir.path().join("avx2.mlir");
+    std::fs::write(&spec, llvm_cpu_tuning_spec(Some(256))).expect("spec");
+    // Code for an AVX2 CPU, whatever this one is, with the AVX2 spec in place of the target's.
+    let target = Target::Cpu { cpu: "haswell".into() };
+    let configured = |depth: usize| {
+        let dump = dir.path().join(format!("configs-{depth}"));
+        let flags = [
+            format!("--iree-codegen-tuning-spec-path={}", spec.display()),
+            format!("--iree-hal-dump-executable-configurations-to={}", dump.display()),
+        ];
+        let cache = CompileCache::new(dir.path().join(format!("cache-{depth}")));
+        let mlir = deep_mmt4d(depth, 8);
+        let request = CompileRequest {
+            name: "deep",
+            mlir: &mlir,
+            target: &target,
+            flags: &flags,
+            key_parts: &[],
+            contract: None,
+        };
+        let artifact = cache.get_or_compile(crate::support::compiler(), &request).expect("compiles").0;
+        let text: String = std::fs::read_dir(&dump)
+            .expect("configurations dumped")
+            .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("read"))
+            .collect();
+        (artifact, text.contains("distribution = [4, 4, 0, 0, 0, 0]"))
+    };
+    let (artifact, spread) = configured(4096);
+    assert!(spread, "the matcher applies from 4096 inputs");
+    assert!(!configured(2048).1, "IREE's default below");
+
+    // Small integers: every product and sum is exact, so the result is known whatever the order.
+    let depth = 4096;
+    let x: Vec<f32> = (0..depth * 16).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+    let w: Vec<f32> = (0..8 * depth * 8).map(|i| ((i * 3) % 7) as f32 - 3.0).collect();
+    let mut want = vec![0f32; 8 * 16 * 8];
+    for n1 in 0..8 {
+        for m0 in 0..16 {
+            for n0 in 0..8 {
+                let sum: f32 = (0..depth).map(|k| x[k * 16 + m0] * w[(n1 * depth + k) * 8 + n0]).sum();
+                want[(n1 * 16 + m0) * 8 + n0] = sum;
+            }
+        }
+    }
+    let device = Device::new(Driver::LocalTask).expect("device");
+    let s = Session::new(&device, None, &[&artifact]).expect("session");
+    let xs = HostTensor::from_slice(vec![1, depth, 16, 1], &x).expect("x");
+    let ws = HostTensor::from_slice(vec![8, depth, 8, 1], &w).expect("w");
+    let got = s.call("module.main", &[(&xs).into(), (&ws).into()]).expect("runs").remove(0);
+    assert_eq!(got.to_host().expect("read").to_vec::<f32>().expect("f32"), want);
+}
