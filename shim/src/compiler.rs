@@ -361,7 +361,14 @@ mod tests {
     #[test]
     fn avx2_targets_get_their_own_matchers_after_every_targets() {
         let entry = |name: &str| format!("@{name} -> @apply_op_config");
-        let base = ["match_matvec_bf16", "match_matvec_f16", "match_qlinear_rows_g32", "match_qlinear_rows"];
+        let base = [
+            "match_matvec_bf16",
+            "match_matvec_f16",
+            "match_qlinear_rows_g32",
+            "match_qlinear_rows",
+            "match_qlinear_tiled",
+            "match_qlinear_tiled_rows",
+        ];
         let avx2 = ["match_mmt4d_f32_deep_tiles8", "match_mmt4d_f32_deep_tiles16"];
         for bits in [None, Some(128), Some(512)] {
             let spec = llvm_cpu_tuning_spec(bits);
@@ -370,7 +377,7 @@ mod tests {
         }
         let spec = llvm_cpu_tuning_spec(Some(256));
         let at = |m: &str| spec.find(&entry(m)).unwrap_or_else(|| panic!("{m} listed"));
-        assert!(at(base[3]) < at(avx2[0]) && at(avx2[0]) < at(avx2[1]), "in order");
+        assert!(at(base[5]) < at(avx2[0]) && at(avx2[0]) < at(avx2[1]), "in order");
         // Every matcher defined is tried, and nothing else is.
         assert_eq!(spec.matches(" -> @apply_op_config").count(), base.len() + avx2.len());
         assert_eq!(spec.matches("transform.named_sequence @match_").count(), base.len() + avx2.len());

@@ -509,15 +509,26 @@ impl Parameters {
     fn add_tiled(&self, decl: &ParameterDecl, stored: &str, tile: Tile) -> Result<()> {
         let (key, entry) = self.stored(stored)?;
         let Tile { rows, depth } = tile;
-        let tiled = match (entry.desc(), entry.shape.as_slice()) {
-            (Some(desc), &[out, inputs])
+        // MLX's packed integers (`uint32` words of 8 four-bit or 4 eight-bit values, least
+        // significant first) declared as `i4`/`i8` tiles: the integers of `[out, in]`, tiled.
+        let packed = packed_bits(&decl.ty).filter(|_| entry.dtype == "U32");
+        let tiled = match (packed, entry.desc(), entry.shape.as_slice()) {
+            (Some(bits), _, &[out, words]) => {
+                let inputs = words * 32 / bits;
+                let want = format!("tensor<{}x{}x{rows}x{depth}xi{bits}>", out / rows.max(1), inputs / depth.max(1));
+                (out.is_multiple_of(rows) && inputs.is_multiple_of(depth) && (bits == 8 || rows.is_multiple_of(2)))
+                    .then_some((bits, out, inputs))
+                    .filter(|_| decl.ty.trim() == want)
+            }
+            (None, Some(desc), &[out, inputs])
                 if out.is_multiple_of(rows) && inputs.is_multiple_of(depth) && desc.dtype.size() > 0 =>
             {
-                Some((TensorDesc::new(desc.dtype, vec![out / rows, inputs / depth, rows, depth]), out, inputs))
+                let want = TensorDesc::new(desc.dtype, vec![out / rows, inputs / depth, rows, depth]);
+                (decl.desc.as_ref() == Some(&want)).then_some((8 * desc.dtype.size(), out, inputs))
             }
             _ => None,
         };
-        let Some((want, out, inputs)) = tiled.filter(|(want, ..)| decl.desc.as_ref() == Some(want)) else {
+        let Some((bits, out, inputs)) = tiled else {
             let wanted = format!("{} (an [out, in] matrix whose rows fill tiles of {rows} by {depth} inputs)", decl.ty);
             return Err(mismatch(decl, entry, wanted));
         };
@@ -530,7 +541,12 @@ impl Parameters {
             operation: "tiling a weight",
             message: format!("could not allocate {} bytes for {}", bytes.len(), decl.key),
         })?;
-        tile_rows(&bytes, host.as_mut_slice(), out, inputs, tile, want.dtype.size());
+        match bits {
+            // Two integers a byte: the words' bytes in order hold the row's integers in order,
+            // low nibble first, as IREE packs `i4`.
+            4 => tile_nibbles(&bytes, host.as_mut_slice(), out, inputs, tile),
+            _ => tile_rows(&bytes, host.as_mut_slice(), out, inputs, tile, bits / 8),
+        }
         drop(bytes);
         let len = host.len;
         let host = Box::into_raw(Box::new(host));
@@ -592,6 +608,7 @@ fn tiled_view(key: &str) -> Option<(&str, Tile)> {
 fn tile_rows(src: &[u8], dst: &mut [u8], out: usize, inputs: usize, tile: Tile, elem: usize) {
     debug_assert_eq!(src.len(), out * inputs * elem);
     match elem {
+        1 => tile_all::<1>(src, dst, inputs, tile),
         2 => tile_all::<2>(src, dst, inputs, tile),
         4 => tile_all::<4>(src, dst, inputs, tile),
         _ => {
@@ -605,6 +622,33 @@ fn tile_rows(src: &[u8], dst: &mut [u8], out: usize, inputs: usize, tile: Tile, 
             }
         }
     }
+}
+
+/// [`tile_rows`] for 4-bit integers packed two a byte, low nibble first (the row-major
+/// `[out, inputs]` matrix, and its tiles, as IREE stores `i4`), on two threads: tiles one input
+/// deep of an even number of rows, so each byte of a tile holds two rows' integers of one input.
+fn tile_nibbles(src: &[u8], dst: &mut [u8], out: usize, inputs: usize, tile: Tile) {
+    debug_assert!(tile.depth == 1 && tile.rows.is_multiple_of(2) && inputs.is_multiple_of(2));
+    debug_assert_eq!(src.len(), out * inputs / 2);
+    let rows = tile.rows;
+    let (row_bytes, tile_bytes) = (inputs / 2, rows * inputs / 2);
+    let one = |(t, dst): (usize, &mut [u8])| {
+        let src = &src[t * tile_bytes..][..tile_bytes];
+        for (i, column) in dst.chunks_exact_mut(rows / 2).enumerate() {
+            let (at, shift) = (i / 2, 4 * (i % 2));
+            for (j, byte) in column.iter_mut().enumerate() {
+                let lo = (src[2 * j * row_bytes + at] >> shift) & 0x0f;
+                let hi = (src[(2 * j + 1) * row_bytes + at] >> shift) & 0x0f;
+                *byte = lo | (hi << 4);
+            }
+        }
+    };
+    let half = (out / rows).div_ceil(2);
+    let (first, rest) = dst.split_at_mut(half * tile_bytes);
+    std::thread::scope(|s| {
+        s.spawn(|| first.chunks_exact_mut(tile_bytes).enumerate().for_each(one));
+        rest.chunks_exact_mut(tile_bytes).enumerate().map(|(i, d)| (i + half, d)).for_each(one);
+    });
 }
 
 /// [`tile_rows`] for `E`-byte values, on two threads: a decoder's weights are gigabytes and
@@ -1449,6 +1493,26 @@ mod tests {
         assert_eq!(tiled_view("w|tilex"), None);
         assert_eq!(tiled_view("w|tile16x0"), None);
         assert_eq!(tiled_view("w|tile16x"), None);
+    }
+
+    #[test]
+    fn packed_4_bit_integers_are_tiled_as_integers_two_rows_a_byte_low_nibble_first() {
+        for (rows, out, inputs) in [(2, 2, 2), (4, 12, 6), (16, 48, 10), (16, 16, 64), (32, 96, 4)] {
+            let src: Vec<u8> = (0..out * inputs / 2).map(|i| (i * 37 % 256) as u8).collect();
+            let mut dst = vec![0u8; src.len()];
+            tile_nibbles(&src, &mut dst, out, inputs, Tile { rows, depth: 1 });
+            let nibble = |bytes: &[u8], at: usize| (bytes[at / 2] >> (4 * (at % 2))) & 0x0f;
+            for r in 0..out {
+                for i in 0..inputs {
+                    let at = ((r / rows) * inputs + i) * rows + r % rows;
+                    assert_eq!(
+                        nibble(&src, r * inputs + i),
+                        nibble(&dst, at),
+                        "row {r} input {i} of {out}x{inputs} in tiles of {rows}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

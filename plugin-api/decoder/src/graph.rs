@@ -456,8 +456,9 @@ pub fn emit_bundle(
         declared.borrow_mut().push((key.clone(), shape.to_vec()));
         m.param(&key, Type::new(weights, shape))
     };
-    // A matrix `[out, in]` as the checkpoint stores it.
-    let lin = |m: &mut Module, key: String, out: usize, inputs: usize| -> Lin {
+    // A matrix `[out, in]` as the checkpoint stores it; an affine-quantized one in row tiles when
+    // `tiled` and its rows fill them (a table whose rows are gathered is declared as stored).
+    let lin_as = |m: &mut Module, key: String, out: usize, inputs: usize, tiled: bool| -> Lin {
         let linear = Linear::detect(index, &key, cfg.quantization.as_ref());
         let Linear::Affine { weight, scales, biases, .. } = &linear else {
             let Some(tiles) = contract.tiles(weights, out, inputs) else {
@@ -474,12 +475,20 @@ pub fn emit_bundle(
                     .borrow_mut()
                     .insert(format!("affine bits={} group_size={} scales={}", q.bits, q.group_size, layout.scales));
                 let packed = if q.bits == 4 { Elem::I4 } else { Elem::I8 };
-                let groups = [out, inputs / q.group_size];
-                Lin::Affine {
-                    q: m.param(weight, Type::new(packed, &[out, inputs])),
-                    scales: m.param(scales, Type::new(layout.scales, &groups)),
-                    biases: m.param(biases, Type::new(layout.scales, &groups)),
-                    group_size: q.group_size,
+                let groups = inputs / q.group_size;
+                match contract.affine_tiles(out, inputs, q.group_size).filter(|_| tiled) {
+                    Some(tiles) => Lin::Affine {
+                        q: m.param(&tiles.key(weight), Type::new(packed, &tiles.shape(out, inputs))),
+                        scales: m.param(&tiles.key(scales), Type::new(layout.scales, &tiles.shape(out, groups))),
+                        biases: m.param(&tiles.key(biases), Type::new(layout.scales, &tiles.shape(out, groups))),
+                        group_size: q.group_size,
+                    },
+                    None => Lin::Affine {
+                        q: m.param(weight, Type::new(packed, &[out, inputs])),
+                        scales: m.param(scales, Type::new(layout.scales, &[out, groups])),
+                        biases: m.param(biases, Type::new(layout.scales, &[out, groups])),
+                        group_size: q.group_size,
+                    },
                 }
             }
             Err(found) => {
@@ -489,6 +498,7 @@ pub fn emit_bundle(
             }
         }
     };
+    let lin = |m: &mut Module, key: String, out: usize, inputs: usize| lin_as(m, key, out, inputs, true);
     let (h, d) = (cfg.hidden, cfg.head_dim);
     let key = |t: Tensor| names.key(t).expect("invariant: every tensor but an absent head has a key");
     // A table stored in two parts is read at whatever row it is split: transformers 5.24 saves
@@ -498,7 +508,9 @@ pub fn emit_bundle(
         extra => stored_split(index, &key(Tensor::Embed), &key(Tensor::EmbedExtra), cfg.vocab + extra, h)
             .unwrap_or(cfg.vocab),
     };
-    let embed = lin(&mut m, key(Tensor::Embed), split, h);
+    // Rows are gathered from the table: a quantized one is read as stored (only the rows a step
+    // reads are touched), a dense one from the tiles the tied head contracts.
+    let embed = lin_as(&mut m, key(Tensor::Embed), split, h, false);
     let embed_extra =
         (cfg.extra_vocab > 0).then(|| p(&mut m, key(Tensor::EmbedExtra), &[cfg.vocab + cfg.extra_vocab - split, h]));
     let fused = names.layout == WeightLayout::Molmo;
@@ -606,6 +618,8 @@ pub fn emit_bundle(
     let norm = p(&mut m, key(Tensor::Norm), &[h]);
     let lm_head = match names.key(Tensor::LmHead) {
         Some(head) => lin(&mut m, head, cfg.vocab, h),
+        // A quantized table tied to the head is contracted in the tiles too.
+        None if matches!(embed, Lin::Affine { .. }) => lin(&mut m, key(Tensor::Embed), split, h),
         None => embed.clone(),
     };
     let kv = KvLayout::of(cfg, contract.activations);

@@ -1,6 +1,6 @@
 //! Builder tests: emitted text, and shape errors caught at build time.
 
-use crate::{Compare, Elem, Module, NumericContract, Reduce, RmsStyle, Type};
+use crate::{Compare, Elem, Module, NumericContract, Reduce, RmsStyle, Rows, Type};
 
 /// The op of every SSA definition in `text`, in order.
 fn op_names(text: &str) -> Vec<&str> {
@@ -342,11 +342,11 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 13);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v13:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 14);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v14:act=f32:acc=f32");
     assert_eq!(
         NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint(),
-        "numeric-contract=v13:act=bf16:acc=f32:bf16-dot=in-order"
+        "numeric-contract=v14:act=bf16:acc=f32:bf16-dot=in-order"
     );
 }
 
@@ -429,6 +429,67 @@ fn quantized_linear_accumulates_in_f32_and_rounds_once() {
     }
 }
 
+/// A bf16-scaled 4-bit weight `[8, 64]` in groups of 32, served in row tiles of 4
+/// (`[2, 64, 4, 1]`, scales and biases `[2, 2, 4, 1]`), and a function over `x`.
+fn tiled_affine_module(rows: usize) -> (Module, crate::Func, Vec<crate::Value>, crate::AffineWeight) {
+    let mut m = Module::new("m");
+    let q = m.param("w.weight|tile4", Type::new(Elem::I4, &[2, 64, 4, 1]));
+    let s = m.param("w.scales|tile4", Type::new(Elem::BF16, &[2, 2, 4, 1]));
+    let b = m.param("w.biases|tile4", Type::new(Elem::BF16, &[2, 2, 4, 1]));
+    let (mut f, a) = m.func("f", &[Type::new(Elem::F32, &[rows, 64])]);
+    let w = crate::AffineWeight { q: f.load(&q), scales: f.load(&s), biases: f.load(&b), group_size: 32 };
+    (m, f, a, w)
+}
+
+/// Mutation-sensitive: a weight in row tiles dequantizes into `[out / t, groups, group_size, t]`,
+/// each tile row's scale and bias broadcast over its group's inputs; a decode step (up to 8
+/// rows) sums each group over its inputs, then the groups, in f32 (the order of the two
+/// reductions is the contract's association); more rows and a prompt's contract the dequantized
+/// tiles with `linalg.mmt4d`. Each rounds once.
+#[test]
+fn a_quantized_weight_in_row_tiles_sums_groups_then_their_sums() {
+    let (mut m, mut f, _, w) = tiled_affine_module(1);
+    assert_eq!(w.shape(), [8, 64]);
+    assert_eq!(w.tile_rows(), Some(4));
+    let d = NumericContract::f32().dequantize(&mut f, &w);
+    assert_eq!(d.ty(), &Type::new(Elem::F32, &[2, 2, 32, 4]));
+    m.add_func(f, &[d]);
+    let text = m.finish().expect("valid");
+    assert!(text.contains("(tensor<2x64x4x1xi4>) -> tensor<2x2x32x4xi4>"), "{text}");
+    assert!(text.contains("dims = [0, 1, 3] : (tensor<2x2x4xf32>) -> tensor<2x2x32x4xf32>"), "{text}");
+    for (rows, kind, reductions) in [
+        (
+            1usize,
+            Rows::ByCount,
+            vec!["across dimensions = [2] : (tensor<2x2x32x4xf32>", "across dimensions = [1] : (tensor<2x2x4xf32>"],
+        ),
+        (
+            4,
+            Rows::ByCount,
+            vec!["across dimensions = [3] : (tensor<4x2x2x32x4xf32>", "across dimensions = [2] : (tensor<4x2x2x4xf32>"],
+        ),
+        (9, Rows::ByCount, vec![]),
+        (4, Rows::Prompt, vec![]),
+    ] {
+        let (mut m, mut f, a, w) = tiled_affine_module(rows);
+        let y = NumericContract::bf16(crate::Bf16Dot::InOrder).qlinear_rows(&mut f, &a[0], &w, None, kind);
+        assert_eq!(y.ty(), &Type::new(Elem::BF16, &[rows, 8]));
+        m.add_func(f, &[y]);
+        let text = m.finish().expect("valid");
+        let converts_to_bf16 =
+            text.lines().filter(|l| l.contains("stablehlo.convert") && l.ends_with("xbf16>")).count();
+        assert_eq!(converts_to_bf16, 1, "rounded once: {text}");
+        let at: Vec<usize> = reductions.iter().map(|r| text.find(r).unwrap_or(usize::MAX)).collect();
+        if reductions.is_empty() {
+            assert!(text.contains("linalg.mmt4d"), "{rows} rows, {kind:?}: {text}");
+            assert!(text.contains("tensor<2x64x4x1xf32>"), "the dequantized tiles: {text}");
+        } else {
+            assert!(at[0] < at[1] && at[1] < usize::MAX, "{rows} rows: groups, then their sums: {text}");
+            assert!(!text.contains("linalg.mmt4d"), "{text}");
+        }
+    }
+}
+
 /// Mutation-sensitive: a prompt's rows (a prefill call) contract as `x @ w^T` and the
 /// dequantized quantized weight at every count, the forms a chunk's many rows take, where a
 /// decode step's few rows take the weight on the left and the fused reduction.
@@ -466,7 +527,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":13,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":14,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert_eq!(dense.bf16_dot, None, "f32 activations sum no bf16 products");
     assert!(!dense.to_json().contains("\"bf16_dot\":"), "{}", dense.to_json());
