@@ -411,9 +411,9 @@ impl NumericContract {
     /// `linalg.mmt4d` contracts.
     ///
     /// Measured on an AMD Zen 3 (AVX2; an 8960x1536 4-bit weight in groups of 64 with bf16 scales,
-    /// IREE 3.13, 2 threads, alternated): one row 1.11 to 1.24 ms against 1.59 to 1.81 for `[out,
-    /// in]` (which sums each group across the lanes of its vectors at every step), 8 rows 3.7 to
-    /// 3.9 against 4.4 to 5.3 (the tuning spec's best for `[out, in]`), 64 rows 16.9 to 19.2
+    /// IREE 3.13, 2 threads, alternated): one row 1.11 to 1.25 ms against 1.59 to 1.81 for `[out,
+    /// in]` (which sums each group across the lanes of its vectors at every step), 8 rows 3.1 to
+    /// 4.5 against 4.4 to 5.3 (the tuning spec's best for `[out, in]`), 64 rows 16.9 to 19.2
     /// against 22.7 to 24.8 (its dequantized `[out, in]` copy contracted by `dot_general`).
     pub fn affine_tiles(&self, out: usize, inputs: usize, group_size: usize) -> Option<Tiles> {
         let tiles = Tiles::f32(self.tile_rows);
