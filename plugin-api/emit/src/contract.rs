@@ -560,74 +560,50 @@ impl NumericContract {
     /// output). More rows, and a prompt's, contract the dequantized tiles with `linalg.mmt4d` as
     /// [`Self::linear_tiled`] does: each output sums its products over the inputs in order.
     pub fn qlinear_rows(&self, f: &mut Func, x: &Value, w: &AffineWeight, bias: Option<&Value>, kind: Rows) -> Value {
-        if let Some(t) = w.tile_rows() {
-            return self.qlinear_tiled(f, x, w, bias, kind, t);
-        }
         let [out, inputs] = w.shape();
         let g = w.group_size;
         let groups = inputs / g.max(1);
-        let rank = x.ty().rank();
-        let last = rank.saturating_sub(1);
-        let lead = x.shape()[..last].to_vec();
-        let rows: usize = lead.iter().product();
-        let d = self.dequantize(f, w);
-        let xa = f.convert(x, self.accumulate);
-        let y = if kind == Rows::ByCount && rows <= QLINEAR_FUSED_MAX_ROWS {
-            let shape = [rows, out, groups, g];
-            let xr = f.reshape(&xa, &[rows, groups, g]);
-            let xb = f.broadcast(&xr, &shape, &[0, 2, 3]);
-            let db = f.broadcast(&d, &shape, &[1, 2, 3]);
-            let p = f.mul(&xb, &db);
-            let yr = f.reduce(&p, &[2, 3], Reduce::Sum);
-            let mut shape = lead.clone();
-            shape.push(out);
-            f.reshape(&yr, &shape)
-        } else {
-            let w2 = f.reshape(&d, &[out, inputs]);
-            f.dot_general(&xa, &w2, (&[], &[]), (&[last], &[1]))
-        };
-        self.bias_and_round(f, &y, bias)
-    }
-
-    /// [`Self::qlinear_rows`] for a weight in row tiles of `t` rows.
-    fn qlinear_tiled(
-        &self,
-        f: &mut Func,
-        x: &Value,
-        w: &AffineWeight,
-        bias: Option<&Value>,
-        kind: Rows,
-        t: usize,
-    ) -> Value {
-        let [out, inputs] = w.shape();
-        let g = w.group_size;
-        let groups = inputs / g.max(1);
-        let tiles = out / t.max(1);
-        let rank = x.ty().rank();
-        let last = rank.saturating_sub(1);
+        let last = x.ty().rank().saturating_sub(1);
         let lead = x.shape()[..last].to_vec();
         let rows: usize = lead.iter().product();
         let d = self.dequantize(f, w);
         if kind == Rows::Prompt || rows > QLINEAR_FUSED_MAX_ROWS {
-            let w4 = f.reshape(&d, &[tiles, inputs, t, 1]);
-            return self.linear_tiled(f, x, &w4, bias);
+            if let Some(t) = w.tile_rows() {
+                let w4 = f.reshape(&d, &[out / t.max(1), inputs, t, 1]);
+                return self.linear_tiled(f, x, &w4, bias);
+            }
+            let xa = f.convert(x, self.accumulate);
+            let w2 = f.reshape(&d, &[out, inputs]);
+            let y = f.dot_general(&xa, &w2, (&[], &[]), (&[last], &[1]));
+            return self.bias_and_round(f, &y, bias);
         }
         let xa = f.convert(x, self.accumulate);
-        // One row keeps no row dimension: IREE 3.13 vectorises a unit one worse.
-        let y = if rows == 1 {
-            let xr = f.reshape(&xa, &[groups, g]);
-            let xb = f.broadcast(&xr, &[tiles, groups, g, t], &[1, 2]);
-            let p = f.mul(&xb, &d);
-            let per_group = f.reduce(&p, &[2], Reduce::Sum);
-            f.reduce(&per_group, &[1], Reduce::Sum)
-        } else {
-            let shape = [rows, tiles, groups, g, t];
-            let xr = f.reshape(&xa, &[rows, groups, g]);
-            let xb = f.broadcast(&xr, &shape, &[0, 2, 3]);
-            let db = f.broadcast(&d, &shape, &[1, 2, 3, 4]);
-            let p = f.mul(&xb, &db);
-            let per_group = f.reduce(&p, &[3], Reduce::Sum);
-            f.reduce(&per_group, &[2], Reduce::Sum)
+        let y = match w.tile_rows() {
+            None => {
+                let shape = [rows, out, groups, g];
+                let xr = f.reshape(&xa, &[rows, groups, g]);
+                let xb = f.broadcast(&xr, &shape, &[0, 2, 3]);
+                let db = f.broadcast(&d, &shape, &[1, 2, 3]);
+                let p = f.mul(&xb, &db);
+                f.reduce(&p, &[2, 3], Reduce::Sum)
+            }
+            // One row keeps no row dimension: IREE 3.13 vectorises a unit one worse.
+            Some(t) if rows == 1 => {
+                let xr = f.reshape(&xa, &[groups, g]);
+                let xb = f.broadcast(&xr, &[out / t.max(1), groups, g, t], &[1, 2]);
+                let p = f.mul(&xb, &d);
+                let per_group = f.reduce(&p, &[2], Reduce::Sum);
+                f.reduce(&per_group, &[1], Reduce::Sum)
+            }
+            Some(t) => {
+                let shape = [rows, out / t.max(1), groups, g, t];
+                let xr = f.reshape(&xa, &[rows, groups, g]);
+                let xb = f.broadcast(&xr, &shape, &[0, 2, 3]);
+                let db = f.broadcast(&d, &shape, &[1, 2, 3, 4]);
+                let p = f.mul(&xb, &db);
+                let per_group = f.reduce(&p, &[3], Reduce::Sum);
+                f.reduce(&per_group, &[2], Reduce::Sum)
+            }
         };
         let mut shape = lead;
         shape.push(out);
