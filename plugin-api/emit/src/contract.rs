@@ -566,10 +566,12 @@ impl NumericContract {
         let last = x.ty().rank().saturating_sub(1);
         let lead = x.shape()[..last].to_vec();
         let rows: usize = lead.iter().product();
+        // A tiled weight's rows per tile, and its number of tiles.
+        let tiles = w.tile_rows().map(|t| (t, out / t.max(1)));
         let d = self.dequantize(f, w);
         if kind == Rows::Prompt || rows > QLINEAR_FUSED_MAX_ROWS {
-            if let Some(t) = w.tile_rows() {
-                let w4 = f.reshape(&d, &[out / t.max(1), inputs, t, 1]);
+            if let Some((t, n)) = tiles {
+                let w4 = f.reshape(&d, &[n, inputs, t, 1]);
                 return self.linear_tiled(f, x, &w4, bias);
             }
             let xa = f.convert(x, self.accumulate);
@@ -578,7 +580,7 @@ impl NumericContract {
             return self.bias_and_round(f, &y, bias);
         }
         let xa = f.convert(x, self.accumulate);
-        let y = match w.tile_rows() {
+        let y = match tiles {
             None => {
                 let shape = [rows, out, groups, g];
                 let xr = f.reshape(&xa, &[rows, groups, g]);
@@ -588,15 +590,15 @@ impl NumericContract {
                 f.reduce(&p, &[2, 3], Reduce::Sum)
             }
             // One row keeps no row dimension: IREE 3.13 vectorises a unit one worse.
-            Some(t) if rows == 1 => {
+            Some((t, n)) if rows == 1 => {
                 let xr = f.reshape(&xa, &[groups, g]);
-                let xb = f.broadcast(&xr, &[out / t.max(1), groups, g, t], &[1, 2]);
+                let xb = f.broadcast(&xr, &[n, groups, g, t], &[1, 2]);
                 let p = f.mul(&xb, &d);
                 let per_group = f.reduce(&p, &[2], Reduce::Sum);
                 f.reduce(&per_group, &[1], Reduce::Sum)
             }
-            Some(t) => {
-                let shape = [rows, out / t.max(1), groups, g, t];
+            Some((t, n)) => {
+                let shape = [rows, n, groups, g, t];
                 let xr = f.reshape(&xa, &[rows, groups, g]);
                 let xb = f.broadcast(&xr, &shape, &[0, 2, 3]);
                 let db = f.broadcast(&d, &shape, &[1, 2, 3, 4]);
