@@ -134,6 +134,13 @@ With --bf16, the bf16 checkpoint of the same shape too (bf16 storage on both sid
 bf16, mlxcel-host keeps the weights bf16 and computes in f32, its qualified mode): the image request's warm
 time to first token with its encoder and LM-prefill split, and one decode stream, alternating as above.
 
+With --bf16-compute (--dtype bf16, qwen2_vl), mlxcel-host's experimental bf16 compute on the same checkpoint too
+(`--compute bf16 --allow-unqualified`: bf16 activations, f32 accumulation, as transformers and llama.cpp compute
+a bf16 checkpoint; text only, so its runs load no plugins): the LM prefill of a text request with as many rows as
+the image request, one decode stream (`generate` over the text prompt) and the server's lone, 2, S/2 and S
+streams, alternating with the main run's systems. Its figures stand beside the main run's transformers bf16 and
+llama.cpp bf16 ones.
+
 With --q4, the MLX community's 4-bit form of the bf16 checkpoint too, made by mlx-vlm's own converter
 (`mlx_vlm.convert`, 4 bits in groups of 64, the vision tower left dense; cached under ~/.cache/mlxcel/bench/):
 mlxcel-host on it (one decode stream, the S-stream aggregate, the image request, peak RSS) beside transformers
@@ -150,7 +157,7 @@ measurement run in processes of their own so that it stays small.
 `foreign_cores` is the CPU time other processes took during a run, in cores (0 = the machine was ours).
 
 The limit beside each decode rate is the memory bandwidth measured here (tools/bench/membw.py, same
-thread count) divided by the bytes one decode step must read: every text weight once (the tied LM head is
+thread count, at the start and at the end of the run, the higher of the two) divided by the bytes one decode step must read: every text weight once (the tied LM head is
 the whole embedding matrix) plus each stream's KV cache at its mean context. For Qwen3-VL that is its
 decoder's weights with the q/k norms, the tied head once; the vision tower and its DeepStack mergers are read
 only at prefill and are left out. For Youtu-VL, its latent-attention projections and a cache of 576 values per
@@ -287,7 +294,11 @@ def host_cmd(*args: str) -> list[str]:
     return [str(HOST), *args]
 
 
-def device_args(args) -> list[str]:
+def device_args(args, bf16_compute: bool = False) -> list[str]:
+    """The host's device flags. `bf16_compute`: the experimental bf16 compute, which serves text only, so no
+    plugins are loaded."""
+    if bf16_compute:
+        return ["--driver", args.driver, "--compute", "bf16", "--allow-unqualified"]
     unqualified = ["--allow-unqualified"] if args.family in UNQUALIFIED else []
     return ["--driver", args.driver, "--plugins", str(PLUGINS), *unqualified]
 
@@ -426,13 +437,13 @@ class Workload:
 
 
 def mlxcel_generate(w: Workload, args, image: bool = True, new: int | None = None,
-                    cache_dir: str | None = None) -> dict:
+                    cache_dir: str | None = None, bf16_compute: bool = False, prompt: str | None = None) -> dict:
     cmd = host_cmd("generate", "--model", str(w.model), "--json", "--ignore-eos",
                    "--max-tokens", str(new or args.new), "--capacity", str(args.capacity), "--chunk", str(args.chunk),
-                   *device_args(args))
+                   *device_args(args, bf16_compute))
     if image:
         cmd += ["--audio" if w.audio else "--image", str(w.image)]
-    cmd += ["--prompt", w.prompt]
+    cmd += ["--prompt", prompt or w.prompt]
     p = Proc(cmd, env={"MLXCEL_CACHE_DIR": cache_dir} if cache_dir else None)
     out, res = p.finish()
     check(res, "mlxcel-host generate")
@@ -477,14 +488,16 @@ def window_rate(streams: list[dict]) -> dict:
             "tokens": total}
 
 
-def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, streams: bool = True) -> dict:
+def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, streams: bool = True,
+                 bf16_compute: bool = False) -> dict:
     """The server's warm time to first token for the image request and for a text request of as many
-    rows, then (with `streams`) S concurrent text streams."""
+    rows, then (with `streams`) S concurrent text streams. `bf16_compute` serves text only: no image
+    request, the text one warms the server up."""
     # Without the encoder cache and the prefix cache: the warm-up sends the image request the measurement sends
     # again, so either cache would skip the encoder or the prefill being timed ("warm" here is the compile cache).
     cmd = host_cmd("serve", "--model", str(w.model), "--port", "0", "--slots", str(args.streams),
                    "--context", str(args.capacity), "--chunk", str(args.chunk), "--encoder-cache-mb", "0",
-                   "--no-prefix-cache", *device_args(args))
+                   "--no-prefix-cache", *device_args(args, bf16_compute))
     p = Proc(cmd)
     addr = None
     for line in p.p.stdout:
@@ -500,21 +513,24 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
     try:
         model = json.loads(_get(addr, "/v1/models"))["data"][0]["id"]
         image_content = [w.media_part, {"type": "text", "text": w.prompt}]
-        sse_request(addr, chat_body(model, image_content, 1))  # warm-up: loads the encoder bucket
+        # The warm-up loads the encoder bucket (text only: warms the prefill up).
+        sse_request(addr, chat_body(model, w.text_like(image_rows) if bf16_compute else image_content, 1))
         if prime:
             p.p.send_signal(signal.SIGTERM)
             p.wait()
             return {}
         busy0, t0, cpu0 = machine_busy(), time.perf_counter(), _cpu_s(p.p.pid) + _self_cpu_s()
-        r = sse_request(addr, chat_body(model, image_content, 1))
-        ttft_image = r["stamps"][0] - r["t0"]
+        ttft_image = None
+        if not bf16_compute:
+            r = sse_request(addr, chat_body(model, image_content, 1))
+            ttft_image = r["stamps"][0] - r["t0"]
         r = sse_request(addr, chat_body(model, w.text_like(image_rows), 1))
         ttft_text = r["stamps"][0] - r["t0"]
         if not streams:
             p.p.send_signal(signal.SIGTERM)
             res = p.wait()
             return {"load_s": load_s, "ttft_image_s": ttft_image, "ttft_text_same_rows_s": ttft_text,
-                    "encoder_derived_s": ttft_image - ttft_text, "peak_rss_bytes": res["peak_rss_bytes"]}
+                    "encoder_derived_s": ttft_image and ttft_image - ttft_text, "peak_rss_bytes": res["peak_rss_bytes"]}
         # One stream alone on the S-slot server: what a lone user of a server gets (its decode steps run only
         # its own row), against `generate`'s one slot.
         r = sse_request(addr, chat_body(model, w.stream_prompts[0], args.new))
@@ -551,7 +567,7 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
     p.p.send_signal(signal.SIGTERM)
     res = p.wait()
     return {"load_s": load_s, "ttft_image_s": ttft_image, "ttft_text_same_rows_s": ttft_text,
-            "encoder_derived_s": ttft_image - ttft_text, "streams": args.streams, "lone_stream_tok_s": lone,
+            "encoder_derived_s": ttft_image and ttft_image - ttft_text, "streams": args.streams, "lone_stream_tok_s": lone,
             "two_streams_tok_s": few.get(2), "half_streams_tok_s": few.get(args.streams // 2),
             "aggregate_tok_s": agg["aggregate_tok_s"], "end_to_end_tok_s": agg["end_to_end_tok_s"],
             "peak_rss_bytes": res["peak_rss_bytes"], "foreign_cores": max(foreign, 0.0)}
@@ -1175,6 +1191,9 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="also time process start to first token, empty vs warm cache")
     ap.add_argument("--bf16", action="store_true",
                     help="also the bf16 checkpoint of the same shape: image request and one decode stream")
+    ap.add_argument("--bf16-compute", action="store_true",
+                    help="also mlxcel-host's experimental bf16 compute on the --dtype bf16 checkpoint (text only: LM "
+                         "prefill, 1 and S decode streams), beside the run's transformers and llama.cpp bf16 figures")
     ap.add_argument("--q4", action="store_true",
                     help="also mlxcel-host on the MLX 4-bit form of the bf16 checkpoint, beside transformers in bf16")
     ap.add_argument("--q4-only", action="store_true", help="--q4 without the --dtype checkpoint's own comparison")
@@ -1223,6 +1242,9 @@ def main() -> int:
         sys.exit(f"compare: --q4 runs the qwen2_vl family only: the {args.family} manifest qualifies no MLX "
                  f"affine form (no forms.mlx_affine), so mlxcel-host would refuse the image request on the 4-bit "
                  f"checkpoint")
+    if args.bf16_compute and (args.dtype != "bf16" or args.quick or args.q4_only):
+        sys.exit("compare: --bf16-compute runs beside the main comparison of a bf16 checkpoint: give --dtype bf16 "
+                 "(not --quick or --q4-only)")
     args.capacity = CAPACITY[args.family] if args.capacity is None else args.capacity
     args.chunk = CHUNK[args.family] if args.chunk is None else args.chunk
     full_text, full_vision = gen_ckpt.FULL_DEPTH[args.family]
@@ -1266,15 +1288,20 @@ def main() -> int:
 
     runs: dict[str, list[dict]] = {"mlxcel_generate": [], "mlxcel_serve": [], "hf": []}
     bw = None
-    if not args.quick:
-        say("membw ...")
+
+    def membw() -> dict:
         # In a process of its own, like the checkpoint build: its arrays would raise this process's
         # high-water mark, which every child's peak RSS starts from.
-        membw = Path(__file__).resolve().parent / "membw.py"
-        out = subprocess.run([sys.executable, str(membw), "--threads", str(args.threads)], check=True,
+        say("membw ...")
+        script = Path(__file__).resolve().parent / "membw.py"
+        out = subprocess.run([sys.executable, str(script), "--threads", str(args.threads)], check=True,
                              capture_output=True, text=True).stdout
-        bw = json.loads(out.strip().splitlines()[-1])
-        say(json.dumps(bw))
+        got = json.loads(out.strip().splitlines()[-1])
+        say(json.dumps(got))
+        return got
+
+    if not args.quick:
+        bw = membw()
     args.q4 = args.q4 or args.q4_only
     if "mlxcel" in systems and not args.q4_only:
         # Compile (or fetch from the cache) the 1-slot and the S-slot bundles and the encoder bucket, so no
@@ -1282,15 +1309,31 @@ def main() -> int:
         say("priming mlxcel-host's compile cache ...")
         g = mlxcel_generate(w, args, new=2)
         mlxcel_serve(w, args, len(g["prompt_ids"]), prime=True)
+    # The experimental bf16 compute runs as one more system of the alternation, over a text prompt with as many
+    # rows as the image request (which it cannot serve).
+    bf16_compute = args.bf16_compute and "mlxcel" in systems
+    if bf16_compute:
+        say("priming mlxcel-host's compile cache, bf16 compute ...")
+        image_rows = len(mlxcel_generate(w, args, new=1)["prompt_ids"])
+        bc_prompt = w.text_like(image_rows)
+        mlxcel_generate(w, args, image=False, new=2, bf16_compute=True, prompt=bc_prompt)
+        mlxcel_serve(w, args, image_rows, prime=True, bf16_compute=True)
+        runs["mlxcel_bf16_compute_generate"], runs["mlxcel_bf16_compute_serve"] = [], []
     llama = None
     if "llama.cpp" in systems and not args.q4_only:
         llama = prepare_llama(w, args)
         say("llama.cpp: " + ", ".join(f"{label} {gguf.name} (+ {mmproj.name})"
                                       for label, gguf, mmproj in llama.values()))
     for rep in range(0 if args.q4_only else args.reps):
-        order = systems if rep % 2 == 0 else systems[::-1]
+        alternated = systems + (["mlxcel-bf16-compute"] if bf16_compute else [])
+        order = alternated if rep % 2 == 0 else alternated[::-1]
         for system in order:
-            if system == "mlxcel":
+            if system == "mlxcel-bf16-compute":
+                say(f"rep {rep + 1}: mlxcel-host bf16 compute, generate and serve (text) ...")
+                runs["mlxcel_bf16_compute_generate"].append(
+                    mlxcel_generate(w, args, image=False, bf16_compute=True, prompt=bc_prompt))
+                runs["mlxcel_bf16_compute_serve"].append(mlxcel_serve(w, args, image_rows, bf16_compute=True))
+            elif system == "mlxcel":
                 say(f"rep {rep + 1}: mlxcel-host generate ...")
                 g = mlxcel_generate(w, args)
                 runs["mlxcel_generate"].append(g)
@@ -1376,6 +1419,14 @@ def main() -> int:
             {k: r.get(k) for k in ("version", "warm", "cold_ttft_image_s", "cold_encoder_s", "cold_lm_prefill_s",
                                    "preprocess_s", "start_to_first_token_s", "load_s")} for r in runs["hf"]]}
     extra["hf_runs"] = runs["hf"]
+    if bw:
+        # The bandwidth a shared host leaves a guest moves within minutes (on an AMD Zen 4 guest, reads of 35
+        # and of 65 GB/s ten minutes apart), so it is measured again at the end, and each limit uses the
+        # higher of the two: a limit is a bound the rates under it may not pass.
+        end = membw()
+        bw = {**{k: max(v, end[k]) if k.endswith("_GBps") else v for k, v in bw.items()},
+              "start": {k: v for k, v in bw.items() if k.endswith("_GBps")},
+              "end": {k: v for k, v in end.items() if k.endswith("_GBps")}}
     report = summarize(w, args, runs, extra, bw)
     del extra["hf_runs"]
     if args.quick:
@@ -1470,7 +1521,38 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
         "foreign_cores_max": max([r.get("foreign_cores", 0) for v in runs.values() for r in v] or [0]),
         "cores_used_mlxcel_generate": med(g, "cores_used"), "cores_used_hf": med(h, "cores_used"),
         "summary_extra": summarize_extra(extra, w, args, bw),
+        **({"bf16_compute": summarize_bf16_compute(runs, m, llama)} if runs.get("mlxcel_bf16_compute_generate") else {}),
     }
+
+
+# The experimental bf16 compute's metrics (text only), each beside the main run's figure for the same metric.
+BF16_COMPUTE_KEYS = ("lm_prefill_s", "ttft_generate_prefill_s", "decode_1_tok_s", "decode_1_on_server_tok_s",
+                     "decode_2_on_server_tok_s", "decode_half_on_server_tok_s", "aggregate_tok_s", "end_to_end_tok_s",
+                     "peak_rss_1_stream_bytes", "peak_rss_bytes")
+
+
+def summarize_bf16_compute(runs: dict, m: dict, llama: dict | None) -> dict:
+    """mlxcel-host's bf16 compute beside the main run's mlxcel-host (f32 compute), reference and llama.cpp, with its
+    advantage over each (the main run's convention)."""
+    g, s = runs["mlxcel_bf16_compute_generate"], runs["mlxcel_bf16_compute_serve"]
+    mine = {
+        "lm_prefill_s": med(s, "ttft_text_same_rows_s"), "ttft_generate_prefill_s": med(g, "prefill_s"),
+        "decode_1_tok_s": med(g, "decode_tok_s"), "decode_1_on_server_tok_s": med(s, "lone_stream_tok_s"),
+        "decode_2_on_server_tok_s": med(s, "two_streams_tok_s"),
+        "decode_half_on_server_tok_s": med(s, "half_streams_tok_s"), "aggregate_tok_s": med(s, "aggregate_tok_s"),
+        "end_to_end_tok_s": med(s, "end_to_end_tok_s"), "peak_rss_1_stream_bytes": med(g, "peak_rss_bytes"),
+        "peak_rss_bytes": med(s, "peak_rss_bytes"),
+    }
+    out = {}
+    for k in BF16_COMPUTE_KEYS:
+        a, better = mine[k], m[k][2]
+        others = {"mlxcel_f32_compute": m[k][0], "hf": m[k][1],
+                  "llama.cpp": llama["metrics"].get(k) if llama else None}
+        out[k] = {"mlxcel_bf16_compute": a, **others,
+                  "advantage": {name: (b / a if better == "lower" else a / b) if a and b else None
+                                for name, b in others.items()}}
+    return {"metrics": out, "prompt_rows": len(g[0]["prompt_ids"]),
+            "foreign_cores_max": max([r.get("foreign_cores", 0) for r in g + s] or [0])}
 
 
 # mlxcel-host's metrics and llama.cpp's figure for each (tools/bench/llama_cpp.py's run()).
@@ -1556,8 +1638,6 @@ def summarize_extra(extra: dict, w: Workload, args, bw) -> dict:
             "decode_1_on_server_tok_s": (med(s, "lone_stream_tok_s"), med(h, "decode_tok_s"), "higher"),
             "decode_2_on_server_tok_s": (med(s, "two_streams_tok_s"), None, "higher"),
             "decode_half_on_server_tok_s": (med(s, "half_streams_tok_s"), None, "higher"),
-        "decode_2_on_server_tok_s": (med(s, "two_streams_tok_s"), None, "higher"),
-        "decode_half_on_server_tok_s": (med(s, "half_streams_tok_s"), None, "higher"),
             "aggregate_tok_s": (med(s, "aggregate_tok_s"), med(h, "aggregate_tok_s"), "higher"),
             "peak_rss_1_stream_bytes": (med(g, "peak_rss_bytes"), None, "lower"),
             "peak_rss_bytes": (med(s, "peak_rss_bytes"), med(h, "peak_rss_bytes"), "lower"),
@@ -1645,6 +1725,8 @@ def print_table(r: dict) -> None:
               f"{r['streams']} streams {r['limits']['bytes_per_step_streams'] / 1e9:.3f} GB")
     print(f"checkpoint {r['checkpoint_bytes'] / 2**30:.2f} GiB, KV per slot {r['kv_bytes_per_slot'] / 2**20:.1f} MiB, "
           f"this script's own peak RSS (the floor of every figure) {gib(r['harness_peak_rss_bytes']):.2f} GiB")
+    if r.get("bf16_compute"):
+        print_bf16_compute(r)
     for k, v in r["summary_extra"].items():
         if k == "bf16":
             print_bf16(v, r)
@@ -1664,6 +1746,29 @@ def print_bf16(v: dict, r: dict) -> None:
         rows.append((label.format(streams=r["streams"], half=r["streams"] // 2, media=r.get("media", "image")), k, m["mlxcel"], m["hf"],
                      m["ratio"], lim))
     print_rows(rows)
+
+
+def print_bf16_compute(r: dict) -> None:
+    v = r["bf16_compute"]
+    print(f"\nmlxcel-host's experimental bf16 compute (--compute bf16 --allow-unqualified; text only, no plugins) on "
+          f"the same checkpoint: a text prompt of {v['prompt_rows']} rows, beside this run's figures; advantage (x, "
+          f"> 1 = bf16 compute better)\n")
+    ref = r.get("reference", "transformers")
+    print(f"| metric | mlxcel-host bf16 compute | mlxcel-host f32 compute | {ref} | llama.cpp {r['dtype']} | "
+          f"over f32 compute | over {ref} | over llama.cpp | bandwidth limit (copy / read) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k, row in v["metrics"].items():
+        scale = gib if "bytes" in k else (lambda x: x)
+        lim = ""
+        if r["limits"] and k in ("decode_1_tok_s", "aggregate_tok_s"):
+            lim = f"{r['limits']['copy'][k]:.3g} / {r['limits']['read'][k]:.3g}"
+        label = {"lm_prefill_s": "LM prefill: server's time to first token, text (s)",
+                 "ttft_generate_prefill_s": "`generate` prefill_s, text (s)"}.get(k) or LABELS[k]
+        label = label.format(streams=r["streams"], half=r["streams"] // 2)
+        adv = row["advantage"]
+        print(f"| {label} | {fmt(scale(row['mlxcel_bf16_compute']))} | {fmt(scale(row['mlxcel_f32_compute']))} | "
+              f"{fmt(scale(row['hf']))} | {fmt(scale(row['llama.cpp']))} | {fmt(adv['mlxcel_f32_compute'])} | "
+              f"{fmt(adv['hf'])} | {fmt(adv['llama.cpp'])} | {lim} |")
 
 
 def print_q4(v: dict, r: dict) -> None:
