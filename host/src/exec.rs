@@ -44,9 +44,9 @@ pub(crate) enum Compute {
     /// (qualified: at parity with transformers in f32 on the same stored weights).
     F32,
     /// bf16 activations with f32 accumulation, on a bf16 checkpoint (experimental, text only:
-    /// bit for bit transformers in bf16 on one fixture, on AVX512-BF16 and AVX2 CPUs; faster than
-    /// f32 only with AVX512-BF16). Its linears sum as the target CPU can
-    /// ([`mlxcel_emit::Bf16Dot::for_cpu`]).
+    /// transformers in bf16 bit for bit on two small fixtures but for one softmax rounding, in
+    /// either of its sums; faster than f32 only with AVX512-BF16). Its linears sum as the target
+    /// CPU can ([`mlxcel_emit::Bf16Dot::for_cpu`]).
     Bf16,
 }
 
@@ -63,8 +63,8 @@ impl Compute {
         match self {
             Compute::F32 => Ok(None),
             Compute::Bf16 if !allow_unqualified => bail!(
-                "--compute bf16 is experimental (transformers in bf16 bit for bit on one fixture, not qualified); pass \
-                 --allow-unqualified to use it"
+                "--compute bf16 is experimental (transformers in bf16 bit for bit on two small fixtures but for one \
+                 softmax rounding, not qualified); pass --allow-unqualified to use it"
             ),
             Compute::Bf16 if media => bail!(
                 "--compute bf16 serves text only: image features merge into f32 embeddings (leave --compute at f32, \

@@ -20,10 +20,17 @@ embedding back into the Hub's split, `wte.embedding` [vocab_size, hidden] + `wte
 [additional_vocab_size, hidden], which transformers 5.24's save_pretrained writes as two halves of the fused
 table.
 
+gemma3_text's bf16 checkpoint also gets a bf16-compute form, tests/fixtures/gemma3_text_bf16_compute: the same
+weights with `query_pre_attn_scalar` 24 (the fixture's 16 scales attention scores by 1/4, a power of two, which
+no rounding of the scale can move; real head sizes such as 128 give scales that are not), its reference run with
+`dtype=torch.bfloat16` (bf16 activations; torch's matmuls sum in f32), the reference of `--compute bf16`. (qwen2's is tests/fixtures/qwen2_bf16, from gen_qwen2_bf16.py.) qwen3 has none:
+in bf16 two of its long prompt's greedy candidates tie (margin 0), under the greedy-margin guard.
+
 `python gen_bf16.py [--check] [NAME ...]` makes (or checks) only the named forms (`gemma3n_bf16`, `llava_f16`, ...);
 regen.sh runs them all."""
 
 import argparse
+import json
 import shutil
 import wave
 
@@ -42,6 +49,8 @@ import gen_qwen2_vl
 import gen_qwen3_vl
 
 TEXT = ["qwen3", "gemma3_text"]
+# The text decoders' bf16-compute forms (see the module doc).
+TEXT_BF16_COMPUTE = {"gemma3_text": {"query_pre_attn_scalar": 24}}
 # What each family's generator passes to common.vlm_fixture besides the model, processor and images.
 FAMILIES = {
     "qwen2_vl": dict(encoder=gen_qwen2_vl.encoder, position_rows=3, extra=gen_qwen2_vl.record_rope_delta),
@@ -57,6 +66,16 @@ FAMILIES = {
 FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "qwen3_vl": ["bfloat16"], "gemma3": ["bfloat16"],
          "llava": ["bfloat16", "float16"], "molmo2": ["bfloat16"], "gemma3n": ["bfloat16"]}
 SHORT = {"bfloat16": "bf16", "float16": "f16"}
+
+
+# A text decoder's bf16 forms: (name suffix, the reference run's dtype, what the form is); the second for
+# TEXT_BF16_COMPUTE only.
+TEXT_FORMS = [
+    ("_bf16", torch.float32, "bf16 storage, f32 compute: the fixture's weights rounded once to bf16 and stored so; "
+                             "the reference widens them to f32 at load (dtype=torch.float32)"),
+    ("_bf16_compute", torch.bfloat16, "bf16 storage, bf16 compute: the fixture's weights rounded once to bf16 and "
+                                      "stored so; the reference runs in bf16 (dtype=torch.bfloat16)"),
+]
 
 
 def note(dtype: str) -> str:
@@ -100,22 +119,33 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="recompute goldens from the committed fixture, write nothing")
     ap.add_argument("names", nargs="*", metavar="NAME", help="only these forms (default: all)")
     args = ap.parse_args()
-    known = [f"{n}_bf16" for n in TEXT] + [f"{n}_{SHORT[d]}" for n in FAMILIES for d in FORMS[n]]
+    text_forms = [(n, form) for n in TEXT for form in TEXT_FORMS[:2 if n in TEXT_BF16_COMPUTE else 1]]
+    known = [f"{n}{form[0]}" for n, form in text_forms] + [f"{n}_{SHORT[d]}" for n in FAMILIES for d in FORMS[n]]
     if unknown := [n for n in args.names if n not in known]:
         ap.error(f"no such form: {', '.join(unknown)} (known: {', '.join(known)})")
     wanted = lambda form: not args.names or form in args.names
     common.setup_torch()
-    for name in (n for n in TEXT if wanted(f"{n}_bf16")):
+    for name, (suffix, run_dtype, what) in text_forms:
+        if not wanted(f"{name}{suffix}"):
+            continue
         base = common.FIXTURES / name
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         model.config.dtype = "bfloat16"
+        if run_dtype == torch.bfloat16:
+            for key, value in TEXT_BF16_COMPUTE[name].items():
+                setattr(model.config, key, value)
+            # The eager attention reads the scale its layers were built with.
+            model = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
+            model.load_state_dict(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict())
         tok = AutoTokenizer.from_pretrained(base)
         for loader_argument in ("is_local", "local_files_only"):
             tok.init_kwargs.pop(loader_argument, None)
         common.text_decoder_fixture(
-            f"{name}_bf16", "gen_bf16.py", None, None, tok, args.check,
-            notes=[note("bfloat16"), f"made from tests/fixtures/{name}"], dtype=torch.bfloat16, run_dtype=torch.float32,
-            model=model,
+            f"{name}{suffix}", "gen_bf16.py", None, None, tok, args.check,
+            notes=[what, f"made from tests/fixtures/{name}"] + (
+                [f"config changed: {json.dumps(TEXT_BF16_COMPUTE[name], sort_keys=True)}"]
+                if run_dtype == torch.bfloat16 else []),
+            dtype=torch.bfloat16, run_dtype=run_dtype, model=model,
         )
     for (name, kwargs), dtype in ((item, dtype) for item in FAMILIES.items() for dtype in FORMS[item[0]]):
         if not wanted(f"{name}_{SHORT[dtype]}"):

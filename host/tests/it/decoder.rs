@@ -298,42 +298,65 @@ fn host_tiles(contract: mlxcel_emit::NumericContract) -> mlxcel_emit::NumericCon
 }
 
 /// bf16 compute, asked for explicitly (bf16 activations, f32 accumulation, one rounding per
-/// op), its linears summed as this CPU does best. On a CPU with AVX512-BF16 (`Bf16Dot::Pairs`) it
-/// is bit for bit transformers in bf16: torch's oneDNN and the bundle's IREE bf16 mmt4d
-/// microkernel both sum a linear's products two inputs at a time with `vdpbf16ps`, and every
-/// rounding to bf16 is written out (`NumericContract::round`), so every prompt logit of both
-/// prompts equals the reference's and all 16 greedy tokens match. Without it
-/// (`Bf16Dot::InOrder`) each output sums its inputs in order. On an AVX2 CPU torch's bf16 kernel
-/// sums in 64 strided partial sums, which for this fixture's linears (at most 128 inputs)
-/// rounds to the same bf16 values: bit for bit again (measured on AMD Zen 3; at real widths the
-/// two orders round differently in about 1 output in 4,000). An AVX-512 CPU without BF16 has
-/// not been measured: logits within the 0.08 measured before, and the short prompt's tokens.
+/// op), on the bf16 fixtures whose reference runs in bf16: Qwen2 (`qwen2_bf16`) and Gemma 3
+/// (`gemma3_text_bf16_compute`, whose attention scale 24^-0.5 is not a power of two). Each runs
+/// under both of the contract's sums that this CPU can run: in order (`Bf16Dot::InOrder`, what
+/// CPUs without AVX512-BF16 get) everywhere, and in pairs (`Bf16Dot::Pairs`: IREE's bf16 mmt4d
+/// microkernel, as torch's oneDNN sums with `vdpbf16ps`) where the CPU has AVX512-BF16. Every
+/// rounding to bf16 is written out (`NumericContract::round`) and attention scores are scaled as
+/// torch scales them (`NumericContract::act_scale`), so the prompt logits equal the reference's
+/// bit for bit and all 16 greedy tokens match, in both orders: these fixtures' linears sum at
+/// most 128 inputs, which round to the same bf16 values in either order (at real widths the two
+/// orders differ in about 1 output in 4,000, measured on AMD Zen 3). One exception is stated: in
+/// Gemma 3's long prompt one row (row 43 of 85, measured in order) rounds its attention
+/// differently, 152 of its 448 logits by one bf16 step. The softmax's f32 `exp` and sum are not
+/// torch's to the last bit, and torch's own result moves the same way under another f32 softmax
+/// (max-subtracted `exp` over the sum: row 52 of the same prompt). Those logits are held to three
+/// bf16 steps of their row's largest magnitude, the bound `tools/oracle/check.py` holds bf16
+/// references to across CPUs.
 #[test]
-fn qwen2_bf16_compute_is_transformers_bf16() {
+fn bf16_compute_is_transformers_bf16() {
     let compiler = Compiler::locate().expect("compiler");
     let cache = CompileCache::new(CompileCache::default_dir());
     let device = Device::new(Driver::LocalSync).expect("device");
-    let pairs = Target::host_cpu().has_avx512_bf16();
-    let avx512 = Target::host_cpu().vector_bits() == Some(512);
-    let exact = pairs || !avx512;
-    let bf16 = mlxcel_emit::NumericContract::bf16(mlxcel_emit::Bf16Dot::for_cpu(pairs));
-    let options = DecoderOptions { shape: SHAPE, contract: Some(bf16), ..DecoderOptions::default() };
-    let mut dec = Decoder::load(&fixture("qwen2_bf16"), options, &device, &compiler, &cache).expect("bf16 compute");
-    assert_eq!(dec.contract(), host_tiles(bf16), "bf16 compute is asked for, never the default");
-    for variant in ["short", "long"] {
-        let g = golden("qwen2_bf16", variant);
-        let (logits, tokens, _) = run(&mut dec, 0, &g, From::Tokens);
-        let max = logits.iter().zip(&g.logits).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-        if exact {
-            assert_eq!(max, 0.0, "{variant}: bf16 prompt logits differ from transformers-bf16 by up to {max:e}");
-            assert_eq!(tokens, g.greedy, "{variant}: greedy tokens");
-        } else {
-            assert!(max <= 0.08, "{variant}: bf16 prompt logits drifted to {max:e} from transformers-bf16");
-            if variant == "short" {
-                assert_eq!(tokens, g.greedy, "short: greedy tokens");
+    let mut dots = vec![mlxcel_emit::Bf16Dot::InOrder];
+    if Target::host_cpu().has_avx512_bf16() {
+        dots.push(mlxcel_emit::Bf16Dot::Pairs);
+    }
+    // (fixture, variant, bit for bit)
+    let cases = [
+        ("qwen2_bf16", "short", true),
+        ("qwen2_bf16", "long", true),
+        ("gemma3_text_bf16_compute", "short", true),
+        ("gemma3_text_bf16_compute", "long", false),
+    ];
+    for &dot in &dots {
+        let bf16 = mlxcel_emit::NumericContract::bf16(dot);
+        for name in ["qwen2_bf16", "gemma3_text_bf16_compute"] {
+            let options = DecoderOptions { shape: SHAPE, contract: Some(bf16), ..DecoderOptions::default() };
+            let mut dec = Decoder::load(&fixture(name), options, &device, &compiler, &cache).expect("bf16 compute");
+            assert_eq!(dec.contract(), host_tiles(bf16), "{name}: bf16 compute is asked for, never the default");
+            let vocab = dec.config().vocab;
+            for &(_, variant, exact) in cases.iter().filter(|c| c.0 == name) {
+                let g = golden(name, variant);
+                let (logits, tokens, _) = run(&mut dec, 0, &g, From::Tokens);
+                let what = format!("{name}/{variant} ({dot:?})");
+                if exact {
+                    let max = logits.iter().zip(&g.logits).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                    assert_eq!(max, 0.0, "{what}: prompt logits differ from transformers-bf16 by up to {max:e}");
+                } else {
+                    for (row, (ours, theirs)) in logits.chunks(vocab).zip(g.logits.chunks(vocab)).enumerate() {
+                        let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                        // A bf16 step at `scale`: 2^(floor(log2 scale) - 7).
+                        let bound = 3.0 * 2f32.powi(scale.log2().floor() as i32 - 7);
+                        let max = ours.iter().zip(theirs).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                        assert!(max <= bound, "{what}: row {row} differs by {max:e}, over {bound:e}");
+                    }
+                }
+                assert_eq!(tokens, g.greedy, "{what}: greedy tokens");
+                dec.release(0).expect("release");
             }
         }
-        dec.release(0).expect("release");
     }
 }
 

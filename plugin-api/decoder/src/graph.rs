@@ -1261,8 +1261,7 @@ impl Emitter<'_> {
     /// Masked attention probabilities from f32-converted `scores` and the mask `[B, T, C]`,
     /// which `mask_dims` places in the scores' shape.
     fn probs(&self, f: &mut Func, scores: &Value, mask: &Value, mask_dims: &[usize]) -> Value {
-        let scale = f.splat(scores.ty(), self.cfg.attn_scale);
-        let scores = self.c.act_mul(f, scores, &scale);
+        let scores = self.c.act_scale(f, scores, self.cfg.attn_scale);
         let sa = f.convert(&scores, Elem::F32);
         let mb = f.broadcast(mask, sa.shape(), mask_dims);
         let masked = f.add(&sa, &mb);

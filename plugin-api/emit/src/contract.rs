@@ -33,7 +33,12 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v14: affine-quantized weights are served in row tiles ([`NumericContract::affine_tiles`]):
 /// a decode step sums each output's groups in order, each over its inputs in order, and more
 /// rows contract the dequantized tiles as `linear_tiled` does.
-pub const CONTRACT_VERSION: u32 = 14;
+/// v15: attention scores are scaled as torch multiplies a tensor by a Python number
+/// ([`NumericContract::act_scale`]): by the f32 scale, rounded once. Under bf16 activations the
+/// scale was rounded to bf16 first, which for a head size that is not a power of four (any
+/// scale not a power of two: Qwen3's 32, every 128) made a third of the logits differ from
+/// transformers in bf16.
+pub const CONTRACT_VERSION: u32 = 15;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -225,7 +230,7 @@ const ROUNDING: [&str; 11] = [
     "rms_norm one_plus: normalised and scaled by (1 + w) in the accumulator, rounded once",
     "layer_norm: in the accumulator (biased variance), rounded once",
     "silu, gelu_tanh, gelu_erf (Abramowitz-Stegun 7.1.26), quick_gelu: in the accumulator, rounded once",
-    "softmax: max-subtracted in the accumulator, rounded once; attention scores scaled in the activations",
+    "softmax: max-subtracted in the accumulator, rounded once; attention scores scaled by the f32 scale, rounded once",
     "residual: added in the activations",
     "softcap: tanh(x / c) * c in the logits' dtype",
     "qlinear: the weight dequantized in the accumulator, then as linear",
@@ -867,6 +872,19 @@ impl NumericContract {
         let rounded = f.and(&biased, &high);
         let rounded = f.bitcast_convert(&rounded, Elem::F32);
         f.convert(&rounded, self.activations)
+    }
+
+    /// `x * s` for a constant `s`, as torch multiplies a tensor by a Python number: in f32 (the
+    /// scale rounded to f32, never to the activations) and rounded once to the activations.
+    pub fn act_scale(&self, f: &mut Func, x: &Value, s: f64) -> Value {
+        if self.activations != Elem::BF16 || x.elem() != Elem::BF16 {
+            let k = f.splat(x.ty(), s);
+            return f.mul(x, &k);
+        }
+        let xw = f.convert(x, Elem::F32);
+        let k = f.splat(xw.ty(), s);
+        let y = f.mul(&xw, &k);
+        self.round(f, &y)
     }
 
     /// `a * b` elementwise in the activation dtype, as torch multiplies two tensors of it:

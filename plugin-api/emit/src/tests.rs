@@ -342,11 +342,11 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_once() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 14);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v14:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 15);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v15:act=f32:acc=f32");
     assert_eq!(
         NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint(),
-        "numeric-contract=v14:act=bf16:acc=f32:bf16-dot=in-order"
+        "numeric-contract=v15:act=bf16:acc=f32:bf16-dot=in-order"
     );
 }
 
@@ -527,7 +527,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":14,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":15,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert_eq!(dense.bf16_dot, None, "f32 activations sum no bf16 products");
     assert!(!dense.to_json().contains("\"bf16_dot\":"), "{}", dense.to_json());
@@ -711,4 +711,35 @@ fn rows_of_a_tiled_table_are_gathered_across_the_tile() {
         assert!(text.contains(&format!("stablehlo.constant dense<{}> : tensor<5xi32>", tiles.rows)), "{text}");
         assert!(text.contains("stablehlo.divide") && text.contains("stablehlo.subtract"), "{text}");
     }
+}
+
+/// Mutation-sensitive: a bf16 tensor times a constant (attention's score scale) is computed as
+/// torch multiplies a tensor by a Python number: widened, multiplied by the scale as an f32
+/// constant (never rounded to bf16: 32^-0.5 is 0.17677669 there and 0.17578125 in bf16, which
+/// made a third of Qwen3's logits differ from transformers in bf16), rounded once. Under f32
+/// activations it is one multiply.
+#[test]
+fn bf16_act_scale_multiplies_by_the_f32_scale_and_rounds_once() {
+    let s = 32f64.powf(-0.5);
+    let mut m = Module::new("m");
+    let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[4])]);
+    let y = NumericContract::bf16(crate::Bf16Dot::Pairs).act_scale(&mut f, &a[0], s);
+    m.add_func(f, &[y]);
+    let text = m.finish().expect("valid");
+    assert_eq!(
+        op_names_rounded(&text),
+        ["stablehlo.convert", "stablehlo.constant", "stablehlo.multiply", "round bf16"]
+    );
+    let constant = text.lines().find(|l| l.contains("stablehlo.constant")).expect("the scale");
+    assert!(constant.ends_with("xf32>"), "the scale is an f32 constant: {constant}");
+    let value: f64 =
+        constant.split("dense<").nth(1).and_then(|v| v.split('>').next()).expect("literal").parse().expect("a number");
+    assert_eq!(value as f32, s as f32, "the scale is not rounded below f32: {constant}");
+
+    let mut m = Module::new("m");
+    let (mut f, a) = m.func("f", &[t(&[4])]);
+    let y = NumericContract::f32().act_scale(&mut f, &a[0], s);
+    m.add_func(f, &[y]);
+    let text = m.finish().expect("valid");
+    assert_eq!(op_names(&text), ["stablehlo.constant", "stablehlo.multiply"]);
 }
