@@ -23,8 +23,9 @@ table.
 gemma3_text's bf16 checkpoint also gets a bf16-compute form, tests/fixtures/gemma3_text_bf16_compute: the same
 weights with `query_pre_attn_scalar` 24 (the fixture's 16 scales attention scores by 1/4, a power of two, which
 no rounding of the scale can move; real head sizes such as 128 give scales that are not), its reference run with
-`dtype=torch.bfloat16` (bf16 activations; torch's matmuls sum in f32), the reference of `--compute bf16`. (qwen2's is tests/fixtures/qwen2_bf16, from gen_qwen2_bf16.py.) qwen3 has none:
-in bf16 two of its long prompt's greedy candidates tie (margin 0), under the greedy-margin guard.
+`dtype=torch.bfloat16` (bf16 activations; torch's matmuls sum in f32), the reference of `--compute bf16`.
+(qwen2's is tests/fixtures/qwen2_bf16, from gen_qwen2_bf16.py.) qwen3 has none: in bf16 two of its long prompt's
+greedy candidates tie (margin 0), under the greedy-margin guard.
 
 `python gen_bf16.py [--check] [NAME ...]` makes (or checks) only the named forms (`gemma3n_bf16`, `llava_f16`, ...);
 regen.sh runs them all."""
@@ -132,11 +133,12 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         model.config.dtype = "bfloat16"
         if run_dtype == torch.bfloat16:
+            weights = model.state_dict()
             for key, value in TEXT_BF16_COMPUTE[name].items():
                 setattr(model.config, key, value)
-            # The eager attention reads the scale its layers were built with.
+            # Rebuilt: the attention layers read the scale when they are built.
             model = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
-            model.load_state_dict(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict())
+            model.load_state_dict(weights)
         tok = AutoTokenizer.from_pretrained(base)
         for loader_argument in ("is_local", "local_files_only"):
             tok.init_kwargs.pop(loader_argument, None)

@@ -36,8 +36,8 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v15: attention scores are scaled as torch multiplies a tensor by a Python number
 /// ([`NumericContract::act_scale`]): by the f32 scale, rounded once. Under bf16 activations the
 /// scale was rounded to bf16 first, which for a head size that is not a power of four (any
-/// scale not a power of two: Qwen3's 32, every 128) made a third of the logits differ from
-/// transformers in bf16.
+/// scale not a power of two: Qwen3's 32, every 128) made two thirds of the logits differ
+/// from transformers in bf16.
 pub const CONTRACT_VERSION: u32 = 15;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as

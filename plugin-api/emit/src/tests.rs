@@ -716,7 +716,7 @@ fn rows_of_a_tiled_table_are_gathered_across_the_tile() {
 /// Mutation-sensitive: a bf16 tensor times a constant (attention's score scale) is computed as
 /// torch multiplies a tensor by a Python number: widened, multiplied by the scale as an f32
 /// constant (never rounded to bf16: 32^-0.5 is 0.17677669 there and 0.17578125 in bf16, which
-/// made a third of Qwen3's logits differ from transformers in bf16), rounded once. Under f32
+/// made two thirds of Qwen3's logits differ from transformers in bf16), rounded once. Under f32
 /// activations it is one multiply.
 #[test]
 fn bf16_act_scale_multiplies_by_the_f32_scale_and_rounds_once() {
