@@ -134,7 +134,7 @@ With --bf16, the bf16 checkpoint of the same shape too (bf16 storage on both sid
 bf16, mlxcel-host keeps the weights bf16 and computes in f32, its qualified mode): the image request's warm
 time to first token with its encoder and LM-prefill split, and one decode stream, alternating as above.
 
-With --bf16-compute (--dtype bf16, qwen2_vl), mlxcel-host's experimental bf16 compute on the same checkpoint too
+With --bf16-compute (--dtype bf16), mlxcel-host's experimental bf16 compute on the same checkpoint too
 (`--compute bf16 --allow-unqualified`: bf16 activations, f32 accumulation, as transformers and llama.cpp compute
 a bf16 checkpoint; text only, so its runs load no plugins): the LM prefill of a text request with as many rows as
 the image request, one decode stream (`generate` over the text prompt) and the server's lone, 2, S/2 and S
@@ -157,9 +157,9 @@ measurement run in processes of their own so that it stays small.
 `foreign_cores` is the CPU time other processes took during a run, in cores (0 = the machine was ours).
 
 The limit beside each decode rate is the memory bandwidth measured here (tools/bench/membw.py, same
-thread count, at the start and at the end of the run, the higher of the two) divided by the bytes one decode step must read: every text weight once (the tied LM head is
-the whole embedding matrix) plus each stream's KV cache at its mean context. For Qwen3-VL that is its
-decoder's weights with the q/k norms, the tied head once; the vision tower and its DeepStack mergers are read
+thread count, at the start and at the end of the run, the higher of the two) divided by the bytes one
+decode step must read: every text weight once (the tied LM head is the whole embedding matrix) plus each
+stream's KV cache at its mean context. For Qwen3-VL that is its decoder's weights with the q/k norms, the tied head once; the vision tower and its DeepStack mergers are read
 only at prefill and are left out. For Youtu-VL, its latent-attention projections and a cache of 576 values per
 layer and token (the latent and the rotary key), the tied head once.
 
@@ -530,7 +530,8 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
             p.p.send_signal(signal.SIGTERM)
             res = p.wait()
             return {"load_s": load_s, "ttft_image_s": ttft_image, "ttft_text_same_rows_s": ttft_text,
-                    "encoder_derived_s": ttft_image and ttft_image - ttft_text, "peak_rss_bytes": res["peak_rss_bytes"]}
+                    "encoder_derived_s": ttft_image and ttft_image - ttft_text,
+                    "peak_rss_bytes": res["peak_rss_bytes"]}
         # One stream alone on the S-slot server: what a lone user of a server gets (its decode steps run only
         # its own row), against `generate`'s one slot.
         r = sse_request(addr, chat_body(model, w.stream_prompts[0], args.new))
@@ -567,7 +568,8 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
     p.p.send_signal(signal.SIGTERM)
     res = p.wait()
     return {"load_s": load_s, "ttft_image_s": ttft_image, "ttft_text_same_rows_s": ttft_text,
-            "encoder_derived_s": ttft_image and ttft_image - ttft_text, "streams": args.streams, "lone_stream_tok_s": lone,
+            "encoder_derived_s": ttft_image and ttft_image - ttft_text, "streams": args.streams,
+            "lone_stream_tok_s": lone,
             "two_streams_tok_s": few.get(2), "half_streams_tok_s": few.get(args.streams // 2),
             "aggregate_tok_s": agg["aggregate_tok_s"], "end_to_end_tok_s": agg["end_to_end_tok_s"],
             "peak_rss_bytes": res["peak_rss_bytes"], "foreign_cores": max(foreign, 0.0)}
@@ -1308,13 +1310,13 @@ def main() -> int:
         # repetition pays for a compile; the cold start is measured on its own (--cold).
         say("priming mlxcel-host's compile cache ...")
         g = mlxcel_generate(w, args, new=2)
-        mlxcel_serve(w, args, len(g["prompt_ids"]), prime=True)
+        image_rows = len(g["prompt_ids"])
+        mlxcel_serve(w, args, image_rows, prime=True)
     # The experimental bf16 compute runs as one more system of the alternation, over a text prompt with as many
-    # rows as the image request (which it cannot serve).
+    # rows as the image request (which it cannot serve; the priming above counted them).
     bf16_compute = args.bf16_compute and "mlxcel" in systems
     if bf16_compute:
         say("priming mlxcel-host's compile cache, bf16 compute ...")
-        image_rows = len(mlxcel_generate(w, args, new=1)["prompt_ids"])
         bc_prompt = w.text_like(image_rows)
         mlxcel_generate(w, args, image=False, new=2, bf16_compute=True, prompt=bc_prompt)
         mlxcel_serve(w, args, image_rows, prime=True, bf16_compute=True)
@@ -1521,7 +1523,8 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
         "foreign_cores_max": max([r.get("foreign_cores", 0) for v in runs.values() for r in v] or [0]),
         "cores_used_mlxcel_generate": med(g, "cores_used"), "cores_used_hf": med(h, "cores_used"),
         "summary_extra": summarize_extra(extra, w, args, bw),
-        **({"bf16_compute": summarize_bf16_compute(runs, m, llama)} if runs.get("mlxcel_bf16_compute_generate") else {}),
+        **({"bf16_compute": summarize_bf16_compute(runs, m, llama)}
+           if runs.get("mlxcel_bf16_compute_generate") else {}),
     }
 
 
