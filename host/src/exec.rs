@@ -43,32 +43,29 @@ pub(crate) enum Compute {
     /// f32 activations for f32 and bf16 weights alike, bf16 weights widened inside each op
     /// (qualified: at parity with transformers in f32 on the same stored weights).
     F32,
-    /// bf16 activations with f32 accumulation, on a bf16 checkpoint (experimental, text only:
-    /// transformers in bf16 bit for bit on two small fixtures but for one softmax rounding, in
-    /// either of its sums; faster than f32 only with AVX512-BF16). Its linears sum as the target
-    /// CPU can ([`mlxcel_emit::Bf16Dot::for_cpu`]).
+    /// bf16 activations with f32 accumulation, on a bf16 checkpoint, the encoders of the families
+    /// that offer it (Qwen2-VL's) included (experimental: transformers in bf16 bit for bit on
+    /// small fixtures but for one softmax rounding, in either of its sums; faster than f32 only
+    /// with AVX512-BF16). Its linears sum as the target CPU can
+    /// ([`mlxcel_emit::Bf16Dot::for_cpu`]).
     Bf16,
 }
 
 impl Compute {
     /// The decoder's numeric contract for code compiled for `target_cpu` (`None`: the bundle's
-    /// f32 default). bf16 is refused unless unqualified capabilities are allowed, and when images
-    /// are served: their features merge into f32 embeddings.
+    /// f32 default); encoders compute beside it in the same activations and sums, where their
+    /// family offers that (a family that does not refuses the first image). bf16 is refused
+    /// unless unqualified capabilities are allowed.
     pub(crate) fn contract(
         self,
         allow_unqualified: bool,
-        media: bool,
         target_cpu: &str,
     ) -> Result<Option<mlxcel_emit::NumericContract>> {
         match self {
             Compute::F32 => Ok(None),
             Compute::Bf16 if !allow_unqualified => bail!(
-                "--compute bf16 is experimental (transformers in bf16 bit for bit on two small fixtures but for one \
+                "--compute bf16 is experimental (transformers in bf16 bit for bit on small fixtures but for one \
                  softmax rounding, not qualified); pass --allow-unqualified to use it"
-            ),
-            Compute::Bf16 if media => bail!(
-                "--compute bf16 serves text only: image features merge into f32 embeddings (leave --compute at f32, \
-                 or serve without plugins)"
             ),
             Compute::Bf16 => {
                 let avx512_bf16 = Target::Cpu { cpu: target_cpu.to_owned() }.has_avx512_bf16();

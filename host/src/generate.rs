@@ -15,7 +15,7 @@ use mlxcel_host::{
     sampling::{History, Sampler, SamplingParams},
     text::{ChatTemplate, Content, Detokenizer, Message, Part, Tokenizer, stop_tokens},
 };
-use mlxcel_plugin_api::QualificationPolicy;
+use mlxcel_plugin_api::{EncoderCompute, QualificationPolicy};
 use mlxcel_shim::{CacheOutcome, Compiler, Device, Driver, Target};
 
 use crate::exec::{Compute, DeviceArgs};
@@ -168,7 +168,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     };
     let mut sampler = Sampler::new(params, args.seed).context("invalid sampling parameters")?;
     let with_media = !args.images.is_empty() || !args.audio.is_empty();
-    let contract = args.compute.contract(args.allow_unqualified, with_media, &args.device.target_cpu)?;
+    let contract = args.compute.contract(args.allow_unqualified, &args.device.target_cpu)?;
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
@@ -198,7 +198,8 @@ fn run(args: &GenerateArgs) -> Result<()> {
     } else {
         plugins = args.plugins.scan()?;
         let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
-        let media = MediaRequest::open(&plugins.1, &plugins.0, dir, (&args.images, &args.audio), policy)?;
+        let compute = contract.as_ref().map_or(EncoderCompute::F32, EncoderCompute::beside);
+        let media = MediaRequest::open(&plugins.1, &plugins.0, dir, (&args.images, &args.audio), policy, compute)?;
         let spec = media.decoder_spec()?;
         (Some(media), spec, None)
     };
@@ -275,7 +276,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     let logits = match &mut media {
         None => decoder.prefill_tokens(slot, &ids, Logits::Last).context("prefill")?,
         Some(media) => {
-            media.encode(&mut Encoders::new(dir, &args.device))?;
+            media.encode(&mut Encoders::new(dir, &args.device, contract.as_ref()))?;
             let (embeddings, positions, extras, _) = media.prefill_input(&mut decoder, &ids)?;
             decoder.prefill_embeddings(slot, &embeddings, &positions, &extras, Logits::Last).context("prefill")?
         }

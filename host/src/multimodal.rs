@@ -16,10 +16,10 @@ use mlxcel_host::decoder::{Decoder, Extras, Positions, checkpoint_index};
 use mlxcel_host::engine::RowContent;
 use mlxcel_plugin_api::manifest::Limits;
 use mlxcel_plugin_api::{
-    Capability, CheckpointIndex, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget,
-    Error as PluginApiError, ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaGrid, MediaItem,
-    Modality, ModelConfig, PlaceMode, PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions, Preprocessed,
-    QualificationPolicy, ShapeBucket, Status, Tensor, TensorSpec,
+    Capability, CheckpointIndex, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, Error as PluginApiError, ErrorCode, ItemMeta, LayoutRequest, LoadedPlugin, MaskBase, MediaGrid,
+    MediaItem, Modality, ModelConfig, PlaceMode, PluginSet, Positions as Laid, PrefillProgram, PreprocessOptions,
+    Preprocessed, QualificationPolicy, ShapeBucket, Status, Tensor, TensorSpec,
 };
 use mlxcel_shim::{Arg, Checkpoint, CompileCache, Device, Driver, HostTensor, Invocation, Parameters, Session, Target};
 
@@ -144,6 +144,32 @@ impl<'a> MediaModel<'a> {
                 self.plugin.name(),
                 problems.join("; ")
             );
+        }
+        Ok(())
+    }
+
+    /// Refuses, before anything compiles, an encoder compute the plugin does not offer: the
+    /// smallest bucket of each modality it serves, emitted in `compute` and dropped (emitting
+    /// is cheap; nothing compiles).
+    pub(crate) fn check_compute(&self, compute: EncoderCompute) -> Result<()> {
+        if compute == EncoderCompute::F32 {
+            return Ok(());
+        }
+        for (capability, modality) in [(Capability::Image, Modality::Image), (Capability::Audio, Modality::Audio)] {
+            let status = self.plugin.manifest().capability(capability).map(|c| c.status);
+            if !matches!(status, Some(Status::Qualified | Status::Experimental)) {
+                continue;
+            }
+            let buckets = self.plugin.encoder_buckets(&self.config, modality)?;
+            let Some(bucket) = buckets.first() else { continue };
+            let request = EncoderGraphRequest { modality, bucket: bucket.id.clone() };
+            self.plugin.encoder_graph(&self.config, &request, &EncoderTarget::unknown(), compute).with_context(|| {
+                format!(
+                    "--compute bf16 computes the {} encoder in {}; leave --compute at f32 for media from this checkpoint",
+                    modality.as_str(),
+                    compute.name()
+                )
+            })?;
         }
         Ok(())
     }
@@ -446,9 +472,11 @@ impl<'a> MediaRequest<'a> {
         model: &Path,
         (images, clips): (&[PathBuf], &[PathBuf]),
         policy: QualificationPolicy,
+        compute: EncoderCompute,
     ) -> Result<Self> {
         let media = MediaModel::open(plugins, plugin_dir, model)?;
         media.check_checkpoint(model)?;
+        media.check_compute(compute)?;
         media.admit(images.len(), clips.len(), policy)?;
         let mut items = Vec::new();
         let files = images.iter().map(|p| (p, Modality::Image)).chain(clips.iter().map(|p| (p, Modality::Audio)));
@@ -678,9 +706,10 @@ pub(crate) fn contract_input(
 ) -> Result<(HostTensor, Positions, Extras)> {
     check_text_scale(contract.text_scale, decoder.embed_scale(), plugin)?;
     let raw = decoder.embed(ids).context("embedding the prompt")?;
-    if raw.dtype() != mlxcel_shim::DType::F32 {
-        bail!("the decoder embeds in {}; merging media features supports f32 embeddings only", raw.dtype());
-    }
+    // Under bf16 activations the text rows are scaled in bf16, merged in f32 (the features are
+    // bf16 values widened, so a replaced row is exact) and rounded once, as torch adds or
+    // scatters bf16 rows.
+    let dtype = raw.dtype();
     let text = Decoder::scale_embeddings(&raw, contract.text_scale)?;
     let (n, hidden) = (ids.len(), decoder.config().hidden);
     let mut encoded: BTreeMap<usize, Vec<(String, Vec<f32>)>> = BTreeMap::new();
@@ -710,13 +739,13 @@ pub(crate) fn contract_input(
         program.injections.push(Injection { layer: injection.decoder_layer as usize, rows, tokens });
     }
     let merged = program
-        .apply(&text.to_vec::<f32>()?, n, hidden, decoder.config().injected_layers)
+        .apply(&Decoder::rows_as_f32(&text)?, n, hidden, decoder.config().injected_layers)
         .with_context(|| format!("the {plugin} plugin's prefill contract"))?;
-    let embeddings = HostTensor::from_slice(vec![n, hidden], &merged.embeddings)?;
+    let embeddings = Decoder::rows_from_f32(dtype, vec![n, hidden], &merged.embeddings)?;
     let injections = merged
         .injections
         .iter()
-        .map(|rows| HostTensor::from_slice(vec![n, hidden], rows))
+        .map(|rows| Decoder::rows_from_f32(dtype, vec![n, hidden], rows))
         .collect::<Result<Vec<_>, _>>()?;
     let extras = Extras { bidirectional: bidirectional(contract)?, injections, row_tokens: ids.to_vec() };
     Ok((embeddings, positions(&contract.positions, n)?, extras))
@@ -857,6 +886,8 @@ pub(crate) fn decode_image(bytes: &[u8], max_pixels: u64) -> Result<MediaItem, m
 pub(crate) struct Encoders<'a> {
     checkpoint: PathBuf,
     device_args: &'a DeviceArgs,
+    /// What the encoders compute in: the decoder's activations and sums.
+    compute: EncoderCompute,
     device: Option<Device>,
     /// Per parameter scope and alias set (one per encoder's weights).
     parameters: HashMap<(String, BTreeMap<String, String>), Parameters>,
@@ -864,10 +895,16 @@ pub(crate) struct Encoders<'a> {
 }
 
 impl<'a> Encoders<'a> {
-    pub(crate) fn new(checkpoint: &Path, device_args: &'a DeviceArgs) -> Self {
+    /// Encoders of `checkpoint` beside a decoder computing under `decoder` (`None`: f32).
+    pub(crate) fn new(
+        checkpoint: &Path,
+        device_args: &'a DeviceArgs,
+        decoder: Option<&mlxcel_emit::NumericContract>,
+    ) -> Self {
         Self {
             checkpoint: checkpoint.to_owned(),
             device_args,
+            compute: decoder.map_or(EncoderCompute::F32, EncoderCompute::beside),
             device: None,
             parameters: HashMap::new(),
             sessions: HashMap::new(),
@@ -974,16 +1011,16 @@ impl<'a> Encoders<'a> {
             let request = EncoderGraphRequest { modality, bucket: bucket.id.clone() };
             // The plugin lays the graph's weights out for this CPU's vectors (a layout only).
             let vector_bits = Target::Cpu { cpu: self.device_args.target_cpu.clone() }.vector_bits();
-            let graph = plugin.encoder_graph(config, &request, &EncoderTarget::new(vector_bits))?;
+            let graph = plugin.encoder_graph(config, &request, &EncoderTarget::new(vector_bits), self.compute)?;
             let name = format!("{}-{}-{}", plugin.name(), modality.as_str(), bucket.id);
             let flags = ENCODER_FLAGS.map(String::from);
-            // Encoders compute in f32 (a bf16 or f16 checkpoint's weights widened inside the
-            // graph): the f32 contract over the dtypes the graph declares its weights in.
+            // The contract the plugin emitted under, over the dtypes the graph declares its
+            // weights in (f32: a bf16 or f16 checkpoint's weights widened inside the graph).
             let mut sources: Vec<String> =
                 graph.parameters.iter().map(|p| format!("{:?}", p.dtype).to_lowercase()).collect();
             sources.sort();
             sources.dedup();
-            let contract = (mlxcel_emit::NumericContract::f32().for_vectors(vector_bits), sources);
+            let contract = (self.compute.contract().for_vectors(vector_bits).for_many_rows(), sources);
             let artifact = compile(&name, &graph.stablehlo, &flags, Some(contract), self.device_args)?;
             if self.device.is_none() {
                 let driver: Driver = self.device_args.driver.parse()?;

@@ -19,9 +19,9 @@ use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 
 use crate::guest::FamilyPlugin;
 use crate::types::{
-    CheckpointIndex, CheckpointReport, ContractRequest, EncoderGraph, EncoderGraphRequest, EncoderTarget,
-    LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PrefillProgram,
-    PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
+    CheckpointIndex, CheckpointReport, ContractRequest, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 use crate::version::{API_VERSION, ApiVersion};
 
@@ -112,19 +112,77 @@ mod table {
         /// The encoder as StableHLO for one bucket, laid out for the target CPU (1.3).
         pub(crate) encoder_graph_for:
             extern "C" fn(&ModelConfig, &EncoderGraphRequest, &EncoderTarget) -> RResult<EncoderGraph, PluginError>,
+        /// The encoder as StableHLO for one bucket, laid out for the target CPU and computing
+        /// in the compute asked for (1.4).
+        pub(crate) encoder_graph_compute: extern "C" fn(
+            &ModelConfig,
+            &EncoderGraphRequest,
+            &EncoderTarget,
+            EncoderCompute,
+        ) -> RResult<EncoderGraph, PluginError>,
     }
 
     impl RootModule for PluginModRef {
         abi_stable::declare_root_module_statics! {PluginModRef}
         const BASE_NAME: &'static str = "mlxcel_family";
         const NAME: &'static str = "mlxcel family plugin";
-        const VERSION_STRINGS: VersionStrings = VersionStrings::new("1.3.0");
+        const VERSION_STRINGS: VersionStrings = VersionStrings::new("1.4.0");
     }
 }
 
 /// Frozen root-module tables of older minors, kept so the load matrix can be tested: a plugin
 /// exporting one of these is byte-for-byte what an older plugin-api would have produced.
 pub(crate) mod history {
+    /// The 1.3 table.
+    pub(crate) mod v1_3 {
+        #![cfg_attr(not(feature = "host"), expect(dead_code, reason = "accessors are read by the host side only"))]
+
+        use abi_stable::StableAbi;
+        use abi_stable::library::RootModule;
+        use abi_stable::sabi_types::VersionStrings;
+        use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
+
+        use crate::types::{
+            CheckpointIndex, CheckpointReport, ContractRequest, EncoderGraph, EncoderGraphRequest, EncoderTarget,
+            LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract,
+            PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
+        };
+
+        /// The 1.3 root module; the same name as the current one, as the layout check requires.
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = PluginModRef, prefix_fields = PluginMod_Prefix)))]
+        #[sabi(missing_field(option))]
+        pub(crate) struct PluginMod {
+            pub(crate) identity: extern "C" fn() -> RResult<PluginIdentity, PluginError>,
+            pub(crate) parse_config: extern "C" fn(RStr<'_>, RStr<'_>) -> RResult<ModelConfig, PluginError>,
+            pub(crate) prompt_layout: extern "C" fn(&ModelConfig, &LayoutRequest) -> RResult<PromptLayout, PluginError>,
+            pub(crate) preprocess:
+                extern "C" fn(&ModelConfig, &MediaItem, &PreprocessOptions) -> RResult<Preprocessed, PluginError>,
+            pub(crate) encoder_buckets:
+                extern "C" fn(&ModelConfig, Modality) -> RResult<RVec<ShapeBucket>, PluginError>,
+            pub(crate) encoder_graph:
+                extern "C" fn(&ModelConfig, &EncoderGraphRequest) -> RResult<EncoderGraph, PluginError>,
+            #[sabi(last_prefix_field)]
+            pub(crate) prefill_contract:
+                extern "C" fn(&ModelConfig, &ContractRequest) -> RResult<PrefillContract, PluginError>,
+            pub(crate) check_checkpoint:
+                extern "C" fn(&ModelConfig, &CheckpointIndex) -> RResult<CheckpointReport, PluginError>,
+            pub(crate) decoder_spec: extern "C" fn(&ModelConfig) -> RResult<ROption<RString>, PluginError>,
+            pub(crate) prefill_program:
+                extern "C" fn(&ModelConfig, &ContractRequest) -> RResult<PrefillProgram, PluginError>,
+            pub(crate) encoder_graph_for:
+                extern "C" fn(&ModelConfig, &EncoderGraphRequest, &EncoderTarget) -> RResult<EncoderGraph, PluginError>,
+        }
+
+        impl RootModule for PluginModRef {
+            abi_stable::declare_root_module_statics! {PluginModRef}
+            const BASE_NAME: &'static str = "mlxcel_family";
+            const NAME: &'static str = "mlxcel family plugin";
+            const VERSION_STRINGS: VersionStrings = VersionStrings::new("1.3.0");
+        }
+    }
+
     /// The 1.2 table.
     pub(crate) mod v1_2 {
         #![cfg_attr(not(feature = "host"), expect(dead_code, reason = "accessors are read by the host side only"))]
@@ -277,6 +335,10 @@ extern "C" fn construct_v1_2<T: FamilyPlugin>() -> abi_stable::library::RootModu
     abi_stable::library::__call_root_module_loader(crate::guest::v1_2_table::<T>)
 }
 
+extern "C" fn construct_v1_3<T: FamilyPlugin>() -> abi_stable::library::RootModuleResult {
+    abi_stable::library::__call_root_module_loader(crate::guest::v1_3_table::<T>)
+}
+
 /// The abi_stable header for plugin `T` at the current minor. Used by `export_plugin!`.
 pub const fn lib_header<T: FamilyPlugin>() -> LibHeader {
     // SAFETY: `from_constructor::<M>` requires that the constructor returns a module of type
@@ -306,6 +368,13 @@ pub const fn lib_header_v1_2<T: FamilyPlugin>() -> LibHeader {
     unsafe { LibHeader::from_constructor::<history::v1_2::PluginModRef>(construct_v1_2::<T>, CheckTypeLayout::Yes) }
 }
 
+/// The abi_stable header for plugin `T` exporting the frozen 1.3 table (testkit only).
+pub const fn lib_header_v1_3<T: FamilyPlugin>() -> LibHeader {
+    // SAFETY: as in `lib_header`: `construct_v1_3::<T>` returns a `history::v1_3::PluginModRef`
+    // and that is the `M` given here.
+    unsafe { LibHeader::from_constructor::<history::v1_3::PluginModRef>(construct_v1_3::<T>, CheckTypeLayout::Yes) }
+}
+
 /// The version symbol at the current version.
 pub const CURRENT_VERSION_SYMBOL: VersionSymbol = VersionSymbol::new(API_VERSION);
 
@@ -321,9 +390,9 @@ mod host {
 
     use super::{PluginModRef, ROOT_MODULE_SYMBOL_NAME, VERSION_SYMBOL_NAME, VersionSymbol, history};
     use crate::types::{
-        CheckpointIndex, CheckpointReport, ContractRequest, EncoderGraph, EncoderGraphRequest, EncoderTarget,
-        LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract, PrefillProgram,
-        PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
+        CheckpointIndex, CheckpointReport, ContractRequest, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+        EncoderTarget, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillContract,
+        PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
     };
     use crate::version::{API_VERSION, ApiVersion};
 
@@ -363,6 +432,8 @@ mod host {
         V1_1(history::v1_1::PluginModRef),
         /// A plugin built against 1.2.
         V1_2(history::v1_2::PluginModRef),
+        /// A plugin built against 1.3.
+        V1_3(history::v1_3::PluginModRef),
         /// A plugin built against the current minor.
         Current(PluginModRef),
     }
@@ -375,6 +446,7 @@ mod host {
                     Table::V1_0(m) => m.$name(),
                     Table::V1_1(m) => m.$name(),
                     Table::V1_2(m) => m.$name(),
+                    Table::V1_3(m) => m.$name(),
                     Table::Current(m) => m.$name(),
                 }
             }
@@ -398,6 +470,7 @@ mod host {
                 Table::V1_0(_) => None,
                 Table::V1_1(m) => m.check_checkpoint(),
                 Table::V1_2(m) => m.check_checkpoint(),
+                Table::V1_3(m) => m.check_checkpoint(),
                 Table::Current(m) => m.check_checkpoint(),
             }
         }
@@ -409,6 +482,7 @@ mod host {
             match self {
                 Table::V1_0(_) | Table::V1_1(_) => None,
                 Table::V1_2(m) => m.prefill_program(),
+                Table::V1_3(m) => m.prefill_program(),
                 Table::Current(m) => m.prefill_program(),
             }
         }
@@ -420,6 +494,7 @@ mod host {
             match self {
                 Table::V1_0(_) | Table::V1_1(_) => None,
                 Table::V1_2(m) => m.decoder_spec(),
+                Table::V1_3(m) => m.decoder_spec(),
                 Table::Current(m) => m.decoder_spec(),
             }
         }
@@ -432,7 +507,26 @@ mod host {
         > {
             match self {
                 Table::V1_0(_) | Table::V1_1(_) | Table::V1_2(_) => None,
+                Table::V1_3(m) => m.encoder_graph_for(),
                 Table::Current(m) => m.encoder_graph_for(),
+            }
+        }
+
+        /// `encoder_graph_compute`, absent before 1.4.
+        #[allow(clippy::type_complexity, reason = "the entry's signature, spelled as the table spells it")]
+        pub(crate) fn encoder_graph_compute(
+            &self,
+        ) -> Option<
+            extern "C" fn(
+                &ModelConfig,
+                &EncoderGraphRequest,
+                &EncoderTarget,
+                EncoderCompute,
+            ) -> RResult<EncoderGraph, PluginError>,
+        > {
+            match self {
+                Table::V1_0(_) | Table::V1_1(_) | Table::V1_2(_) | Table::V1_3(_) => None,
+                Table::Current(m) => m.encoder_graph_compute(),
             }
         }
     }
@@ -480,6 +574,8 @@ mod host {
         }
         let table = if declared == API_VERSION {
             Table::Current(header.init_root_module::<PluginModRef>().map_err(abi_error)?)
+        } else if declared == ApiVersion::new(1, 3) {
+            Table::V1_3(header.init_root_module::<history::v1_3::PluginModRef>().map_err(abi_error)?)
         } else if declared == ApiVersion::new(1, 2) {
             Table::V1_2(header.init_root_module::<history::v1_2::PluginModRef>().map_err(abi_error)?)
         } else if declared == ApiVersion::new(1, 1) {

@@ -14,9 +14,9 @@ use serde::de::DeserializeOwned;
 
 use crate::abi::{PluginMod, PluginModRef, history};
 use crate::types::{
-    CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest,
-    EncoderTarget, ErrorCode, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity,
-    PrefillContract, PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
+    CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph,
+    EncoderGraphRequest, EncoderTarget, ErrorCode, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError,
+    PluginIdentity, PrefillContract, PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 use mlxcel_decoder::DecoderSpec;
 
@@ -60,11 +60,14 @@ pub trait FamilyPlugin: 'static {
 
     /// The encoder for one bucket, as StableHLO with named checkpoint parameters, laid out for
     /// `target` (the host's CPU, or [`EncoderTarget::unknown`]; since 1.3): the layout may
-    /// follow the target, the results may not.
+    /// follow the target, the results may not. It computes in `compute` (since 1.4; older hosts
+    /// ask for [`EncoderCompute::F32`]); a family refuses a compute it does not offer
+    /// ([`PluginError::unsupported`]).
     fn encoder_graph(
         config: &Self::Config,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError>;
 
     /// How features merge into the text embeddings for one tokenized request: the program
@@ -174,15 +177,27 @@ extern "C" fn encoder_graph<T: FamilyPlugin>(
     config: &ModelConfig,
     request: &EncoderGraphRequest,
 ) -> RResult<EncoderGraph, PluginError> {
-    guard("encoder_graph", || T::encoder_graph(&family_config::<T>(config)?, request, &EncoderTarget::unknown()))
+    guard("encoder_graph", || {
+        T::encoder_graph(&family_config::<T>(config)?, request, &EncoderTarget::unknown(), EncoderCompute::F32)
+    })
 }
 
+/// The 1.3 entry, in f32: only 1.3 hosts call it.
 extern "C" fn encoder_graph_for<T: FamilyPlugin>(
     config: &ModelConfig,
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> RResult<EncoderGraph, PluginError> {
-    guard("encoder_graph_for", || T::encoder_graph(&family_config::<T>(config)?, request, target))
+    guard("encoder_graph_for", || T::encoder_graph(&family_config::<T>(config)?, request, target, EncoderCompute::F32))
+}
+
+extern "C" fn encoder_graph_compute<T: FamilyPlugin>(
+    config: &ModelConfig,
+    request: &EncoderGraphRequest,
+    target: &EncoderTarget,
+    compute: EncoderCompute,
+) -> RResult<EncoderGraph, PluginError> {
+    guard("encoder_graph_compute", || T::encoder_graph(&family_config::<T>(config)?, request, target, compute))
 }
 
 /// The 1.0 entry, from the program: only hosts that predate 1.2 would call it, and they do not
@@ -226,6 +241,25 @@ extern "C" fn decoder_spec<T: FamilyPlugin>(config: &ModelConfig) -> RResult<ROp
 /// The current root-module table for `T`; leaked once per library load.
 pub(crate) fn current_table<T: FamilyPlugin>() -> PluginModRef {
     PluginMod {
+        identity: identity::<T>,
+        parse_config: parse_config::<T>,
+        prompt_layout: prompt_layout::<T>,
+        preprocess: preprocess::<T>,
+        encoder_buckets: encoder_buckets::<T>,
+        encoder_graph: encoder_graph::<T>,
+        prefill_contract: prefill_contract::<T>,
+        check_checkpoint: check_checkpoint::<T>,
+        decoder_spec: decoder_spec::<T>,
+        prefill_program: prefill_program::<T>,
+        encoder_graph_for: encoder_graph_for::<T>,
+        encoder_graph_compute: encoder_graph_compute::<T>,
+    }
+    .leak_into_prefix()
+}
+
+/// The frozen 1.3 table for `T` (testkit only: what a 1.3 plugin exported).
+pub(crate) fn v1_3_table<T: FamilyPlugin>() -> history::v1_3::PluginModRef {
+    history::v1_3::PluginMod {
         identity: identity::<T>,
         parse_config: parse_config::<T>,
         prompt_layout: prompt_layout::<T>,
@@ -298,8 +332,8 @@ pub(crate) fn v1_0_table<T: FamilyPlugin>() -> history::v1_0::PluginModRef {
 /// `#![forbid(unsafe_code)]`.
 ///
 /// Two further forms exist only for the testkit's load matrix and reproduce plugins built
-/// against other plugin-api versions: `export_plugin!(T, api = v1_0)`, `(T, api = v1_1)` and
-/// `(T, api = v1_2)` export the frozen 1.0, 1.1 and 1.2 tables, and `export_plugin!(T, declare_version = (MAJOR, MINOR))` declares an arbitrary
+/// against other plugin-api versions: `export_plugin!(T, api = v1_0)`, `(T, api = v1_1)`,
+/// `(T, api = v1_2)` and `(T, api = v1_3)` export the frozen 1.0, 1.1, 1.2 and 1.3 tables, and `export_plugin!(T, declare_version = (MAJOR, MINOR))` declares an arbitrary
 /// version while exporting the current table.
 #[macro_export]
 macro_rules! export_plugin {
@@ -334,6 +368,13 @@ macro_rules! export_plugin {
             @emit $plugin,
             $crate::__export::VersionSymbol::new($crate::ApiVersion::new(1, 2)),
             $crate::__export::lib_header_v1_2::<$plugin>()
+        );
+    };
+    ($plugin:ty, api = v1_3) => {
+        $crate::export_plugin!(
+            @emit $plugin,
+            $crate::__export::VersionSymbol::new($crate::ApiVersion::new(1, 3)),
+            $crate::__export::lib_header_v1_3::<$plugin>()
         );
     };
     ($plugin:ty, declare_version = ($major:literal, $minor:literal)) => {

@@ -48,6 +48,7 @@ pub use crate::version::{API_VERSION, ApiVersion, ParseApiVersionError, SUPPORTE
 pub mod __export {
     pub use crate::abi::{
         CURRENT_VERSION_SYMBOL, VersionSymbol, lib_header, lib_header_v1_0, lib_header_v1_1, lib_header_v1_2,
+        lib_header_v1_3,
     };
     pub use abi_stable::library::LibHeader;
 }

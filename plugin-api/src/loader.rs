@@ -28,9 +28,9 @@ use crate::abi::{OpenedLibrary, RawLoadError, Table, open_library};
 use crate::error::{Error, Result};
 use crate::manifest::{Manifest, Status};
 use crate::types::{
-    Capability, CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderGraph, EncoderGraphRequest,
-    EncoderTarget, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity, PrefillProgram,
-    PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
+    Capability, CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderCompute, EncoderGraph,
+    EncoderGraphRequest, EncoderTarget, LayoutRequest, MediaItem, Modality, ModelConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 use crate::version::{API_VERSION, ApiVersion, SUPPORTED_VERSIONS};
 
@@ -532,15 +532,30 @@ impl LoadedPlugin {
             .map(|buckets| buckets.into_vec())
     }
 
-    /// The encoder graph for one bucket, laid out for `target` (1.3 and later); a plugin that
-    /// predates 1.3 lays it out for a target not known, which computes the same results (the
-    /// host serves its weights in whatever tiles the graph declares).
+    /// The encoder graph for one bucket, laid out for `target` (1.3 and later) and computing in
+    /// `compute` (1.4 and later). A plugin that predates 1.3 lays it out for a target not known,
+    /// which computes the same results (the host serves its weights in whatever tiles the graph
+    /// declares); one that predates 1.4 computes in f32 only, and any other compute is refused
+    /// here, naming its version.
     pub fn encoder_graph(
         &self,
         config: &ModelConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph> {
+        if let Some(f) = self.module.encoder_graph_compute() {
+            return call(self.name(), "encoder_graph_compute", f(config, request, target, compute));
+        }
+        if compute != EncoderCompute::F32 {
+            let error = PluginError::unsupported(format!(
+                "the plugin is built against plugin-api {}, whose encoders compute in f32 only; an encoder in {} \
+                 needs a plugin built against 1.4 or later",
+                self.api_version(),
+                compute.name()
+            ));
+            return Err(Error::Plugin { plugin: self.name().to_owned(), entry: "encoder_graph_compute", error });
+        }
         match self.module.encoder_graph_for() {
             Some(f) => call(self.name(), "encoder_graph_for", f(config, request, target)),
             None => call(self.name(), "encoder_graph", (self.module.encoder_graph())(config, request)),

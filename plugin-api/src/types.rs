@@ -558,6 +558,55 @@ impl EncoderTarget {
     }
 }
 
+/// What an encoder graph computes in (an input of `encoder_graph_compute`, since 1.4): the
+/// results depend on it, so a family that does not offer a compute refuses it. Older plugins
+/// are asked for [`EncoderCompute::F32`].
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum EncoderCompute {
+    /// f32 activations over the checkpoint's weights (16-bit ones widened exactly).
+    #[default]
+    F32,
+    /// bf16 activations, as torch computes a bf16 model on the CPU, each bf16 x bf16 product
+    /// summed in f32 in order over its inputs.
+    Bf16InOrder,
+    /// bf16 activations, each bf16 x bf16 product summed in f32 two inputs at a time, the odd
+    /// input's product first (AVX512-BF16's `vdpbf16ps`).
+    Bf16Pairs,
+}
+
+impl EncoderCompute {
+    /// The compute of encoders beside a decoder computing under `decoder` (the same
+    /// activations and sums).
+    pub fn beside(decoder: &mlxcel_emit::NumericContract) -> Self {
+        match (decoder.activations, decoder.bf16_dot) {
+            (mlxcel_emit::Elem::BF16, mlxcel_emit::Bf16Dot::Pairs) => EncoderCompute::Bf16Pairs,
+            (mlxcel_emit::Elem::BF16, mlxcel_emit::Bf16Dot::InOrder) => EncoderCompute::Bf16InOrder,
+            _ => EncoderCompute::F32,
+        }
+    }
+
+    /// The numeric contract an encoder graph computes under in this compute, before its
+    /// layout for a target (`NumericContract::for_vectors`) and its many-rows tiles
+    /// (`NumericContract::for_many_rows`).
+    pub fn contract(self) -> mlxcel_emit::NumericContract {
+        match self {
+            EncoderCompute::F32 => mlxcel_emit::NumericContract::f32(),
+            EncoderCompute::Bf16InOrder => mlxcel_emit::NumericContract::bf16(mlxcel_emit::Bf16Dot::InOrder),
+            EncoderCompute::Bf16Pairs => mlxcel_emit::NumericContract::bf16(mlxcel_emit::Bf16Dot::Pairs),
+        }
+    }
+
+    /// Its name in messages and fingerprints.
+    pub fn name(self) -> &'static str {
+        match self {
+            EncoderCompute::F32 => "f32",
+            EncoderCompute::Bf16InOrder => "bf16 (in-order sums)",
+            EncoderCompute::Bf16Pairs => "bf16 (paired sums)",
+        }
+    }
+}
+
 /// A family's encoder as StableHLO, with named checkpoint parameters.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq)]

@@ -6,7 +6,7 @@
 //! plugin does not have read as absent. A plugin built at a newer minor than the host is
 //! refused, because it may rely on host behaviour that minor introduced.
 //!
-//! The crate's package version follows this version (`1.3.0`), not the workspace: abi_stable
+//! The crate's package version follows this version (`1.4.0`), not the workspace: abi_stable
 //! records the package version in every type layout and refuses a plugin whose package major
 //! differs (for `0.x`, whose minor differs), so tying it to the ABI keeps plugins built against
 //! any release of the same major loadable.
@@ -35,13 +35,16 @@ pub struct ApiVersion {
 /// - 1.2: decoder_spec (appended): a family's own text decoder, as `mlxcel_decoder::DecoderSpec`;
 ///   prefill_program (appended): the prepared-prefill contract as a program;
 /// - 1.3: encoder_graph_for (appended): the encoder laid out for the target CPU's vectors
-///   (`EncoderTarget`); a plugin's source gives `FamilyPlugin::encoder_graph` the target.
-pub const API_VERSION: ApiVersion = ApiVersion { major: 1, minor: 3 };
+///   (`EncoderTarget`); a plugin's source gives `FamilyPlugin::encoder_graph` the target;
+/// - 1.4: encoder_graph_compute (appended): the encoder computing in the compute the host asks
+///   for (`EncoderCompute`: f32, or bf16 with either of its sums); a plugin's source gives
+///   `FamilyPlugin::encoder_graph` the compute.
+pub const API_VERSION: ApiVersion = ApiVersion { major: 1, minor: 4 };
 
 /// Every version this host loads, oldest first: the load window. Each entry has a frozen
 /// root-module table in the ABI module; a test walks the window with fixture plugins.
-pub const SUPPORTED_VERSIONS: [ApiVersion; 4] =
-    [ApiVersion::new(1, 0), ApiVersion::new(1, 1), ApiVersion::new(1, 2), API_VERSION];
+pub const SUPPORTED_VERSIONS: [ApiVersion; 5] =
+    [ApiVersion::new(1, 0), ApiVersion::new(1, 1), ApiVersion::new(1, 2), ApiVersion::new(1, 3), API_VERSION];
 
 impl ApiVersion {
     /// Builds a version from its parts.
@@ -130,7 +133,7 @@ mod tests {
         assert!("1".parse::<ApiVersion>().is_err());
         assert!("1.x".parse::<ApiVersion>().is_err());
         assert!("1.2.3.4".parse::<ApiVersion>().is_err());
-        assert_eq!(API_VERSION.to_string(), "1.3");
+        assert_eq!(API_VERSION.to_string(), "1.4");
     }
 
     #[test]

@@ -136,9 +136,10 @@ time to first token with its encoder and LM-prefill split, and one decode stream
 
 With --bf16-compute (--dtype bf16), mlxcel-host's experimental bf16 compute on the same checkpoint too
 (`--compute bf16 --allow-unqualified`: bf16 activations, f32 accumulation, as transformers and llama.cpp compute
-a bf16 checkpoint; text only, so its runs load no plugins): the LM prefill of a text request with as many rows as
-the image request, one decode stream (`generate` over the text prompt) and the server's lone, 2, S/2 and S
-streams, alternating with the main run's systems. Its figures stand beside the main run's transformers bf16 and
+a bf16 checkpoint): the image request's time to first token and its encoder (for a family whose plugin offers a
+bf16 encoder, BF16_ENCODERS; for the others its runs load no plugins and serve a text request with as many rows as
+the image request instead), the LM prefill of that text request, one decode stream (`generate`) and the
+server's lone, 2, S/2 and S streams, alternating with the main run's systems. Its figures stand beside the main run's transformers bf16 and
 llama.cpp bf16 ones.
 
 With --q4, the MLX community's 4-bit form of the bf16 checkpoint too, made by mlx-vlm's own converter
@@ -294,11 +295,21 @@ def host_cmd(*args: str) -> list[str]:
     return [str(HOST), *args]
 
 
+# The families whose plugin offers its encoder in bf16 compute (`EncoderCompute`); the others refuse it.
+BF16_ENCODERS = {"qwen2_vl"}
+
+
+def bf16_text_only(args, bf16_compute: bool) -> bool:
+    """Whether a bf16-compute run serves text only: its family's encoder computes in f32 only."""
+    return bf16_compute and args.family not in BF16_ENCODERS
+
+
 def device_args(args, bf16_compute: bool = False) -> list[str]:
-    """The host's device flags. `bf16_compute`: the experimental bf16 compute, which serves text only, so no
-    plugins are loaded."""
+    """The host's device flags. `bf16_compute`: the experimental bf16 compute, with the plugins only when the
+    family offers a bf16 encoder (bf16_text_only)."""
     if bf16_compute:
-        return ["--driver", args.driver, "--compute", "bf16", "--allow-unqualified"]
+        plugins = [] if bf16_text_only(args, True) else ["--plugins", str(PLUGINS)]
+        return ["--driver", args.driver, *plugins, "--compute", "bf16", "--allow-unqualified"]
     unqualified = ["--allow-unqualified"] if args.family in UNQUALIFIED else []
     return ["--driver", args.driver, "--plugins", str(PLUGINS), *unqualified]
 
@@ -491,8 +502,9 @@ def window_rate(streams: list[dict]) -> dict:
 def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, streams: bool = True,
                  bf16_compute: bool = False) -> dict:
     """The server's warm time to first token for the image request and for a text request of as many
-    rows, then (with `streams`) S concurrent text streams. `bf16_compute` serves text only: no image
-    request, the text one warms the server up."""
+    rows, then (with `streams`) S concurrent text streams. `bf16_compute` in a family without a bf16 encoder
+    serves text only: no image request, the text one warms the server up."""
+    text_only = bf16_text_only(args, bf16_compute)
     # Without the encoder cache and the prefix cache: the warm-up sends the image request the measurement sends
     # again, so either cache would skip the encoder or the prefill being timed ("warm" here is the compile cache).
     cmd = host_cmd("serve", "--model", str(w.model), "--port", "0", "--slots", str(args.streams),
@@ -514,14 +526,14 @@ def mlxcel_serve(w: Workload, args, image_rows: int, prime: bool = False, stream
         model = json.loads(_get(addr, "/v1/models"))["data"][0]["id"]
         image_content = [w.media_part, {"type": "text", "text": w.prompt}]
         # The warm-up loads the encoder bucket (text only: warms the prefill up).
-        sse_request(addr, chat_body(model, w.text_like(image_rows) if bf16_compute else image_content, 1))
+        sse_request(addr, chat_body(model, w.text_like(image_rows) if text_only else image_content, 1))
         if prime:
             p.p.send_signal(signal.SIGTERM)
             p.wait()
             return {}
         busy0, t0, cpu0 = machine_busy(), time.perf_counter(), _cpu_s(p.p.pid) + _self_cpu_s()
         ttft_image = None
-        if not bf16_compute:
+        if not text_only:
             r = sse_request(addr, chat_body(model, image_content, 1))
             ttft_image = r["stamps"][0] - r["t0"]
         r = sse_request(addr, chat_body(model, w.text_like(image_rows), 1))
@@ -1312,13 +1324,14 @@ def main() -> int:
         g = mlxcel_generate(w, args, new=2)
         image_rows = len(g["prompt_ids"])
         mlxcel_serve(w, args, image_rows, prime=True)
-    # The experimental bf16 compute runs as one more system of the alternation, over a text prompt with as many
-    # rows as the image request (which it cannot serve; the priming above counted them).
+    # The experimental bf16 compute runs as one more system of the alternation: the image request where the
+    # family's encoder computes in bf16, else a text prompt with as many rows (the priming above counted them).
     bf16_compute = args.bf16_compute and "mlxcel" in systems
     if bf16_compute:
         say("priming mlxcel-host's compile cache, bf16 compute ...")
-        bc_prompt = w.text_like(image_rows)
-        mlxcel_generate(w, args, image=False, new=2, bf16_compute=True, prompt=bc_prompt)
+        bc_image = not bf16_text_only(args, True)
+        bc_prompt = None if bc_image else w.text_like(image_rows)
+        mlxcel_generate(w, args, image=bc_image, new=2, bf16_compute=True, prompt=bc_prompt)
         mlxcel_serve(w, args, image_rows, prime=True, bf16_compute=True)
         runs["mlxcel_bf16_compute_generate"], runs["mlxcel_bf16_compute_serve"] = [], []
     llama = None
@@ -1331,9 +1344,9 @@ def main() -> int:
         order = alternated if rep % 2 == 0 else alternated[::-1]
         for system in order:
             if system == "mlxcel-bf16-compute":
-                say(f"rep {rep + 1}: mlxcel-host bf16 compute, generate and serve (text) ...")
+                say(f"rep {rep + 1}: mlxcel-host bf16 compute, generate and serve ...")
                 runs["mlxcel_bf16_compute_generate"].append(
-                    mlxcel_generate(w, args, image=False, bf16_compute=True, prompt=bc_prompt))
+                    mlxcel_generate(w, args, image=bc_image, bf16_compute=True, prompt=bc_prompt))
                 runs["mlxcel_bf16_compute_serve"].append(mlxcel_serve(w, args, image_rows, bf16_compute=True))
             elif system == "mlxcel":
                 say(f"rep {rep + 1}: mlxcel-host generate ...")
@@ -1529,9 +1542,9 @@ def summarize(w: Workload, args, runs: dict, extra: dict, bw: dict | None) -> di
 
 
 # The experimental bf16 compute's metrics (text only), each beside the main run's figure for the same metric.
-BF16_COMPUTE_KEYS = ("lm_prefill_s", "ttft_generate_prefill_s", "decode_1_tok_s", "decode_1_on_server_tok_s",
-                     "decode_2_on_server_tok_s", "decode_half_on_server_tok_s", "aggregate_tok_s", "end_to_end_tok_s",
-                     "peak_rss_1_stream_bytes", "peak_rss_bytes")
+BF16_COMPUTE_KEYS = ("ttft_image_s", "encoder_s", "lm_prefill_s", "ttft_generate_prefill_s", "decode_1_tok_s",
+                     "decode_1_on_server_tok_s", "decode_2_on_server_tok_s", "decode_half_on_server_tok_s",
+                     "aggregate_tok_s", "end_to_end_tok_s", "peak_rss_1_stream_bytes", "peak_rss_bytes")
 
 
 def summarize_bf16_compute(runs: dict, m: dict, llama: dict | None) -> dict:
@@ -1539,6 +1552,7 @@ def summarize_bf16_compute(runs: dict, m: dict, llama: dict | None) -> dict:
     advantage over each (the main run's convention)."""
     g, s = runs["mlxcel_bf16_compute_generate"], runs["mlxcel_bf16_compute_serve"]
     mine = {
+        "ttft_image_s": med(s, "ttft_image_s"), "encoder_s": med(s, "encoder_derived_s"),
         "lm_prefill_s": med(s, "ttft_text_same_rows_s"), "ttft_generate_prefill_s": med(g, "prefill_s"),
         "decode_1_tok_s": med(g, "decode_tok_s"), "decode_1_on_server_tok_s": med(s, "lone_stream_tok_s"),
         "decode_2_on_server_tok_s": med(s, "two_streams_tok_s"),
@@ -1554,7 +1568,7 @@ def summarize_bf16_compute(runs: dict, m: dict, llama: dict | None) -> dict:
         out[k] = {"mlxcel_bf16_compute": a, **others,
                   "advantage": {name: (b / a if better == "lower" else a / b) if a and b else None
                                 for name, b in others.items()}}
-    return {"metrics": out, "prompt_rows": len(g[0]["prompt_ids"]),
+    return {"metrics": out, "prompt_rows": len(g[0]["prompt_ids"]), "image": mine["ttft_image_s"] is not None,
             "foreign_cores_max": max([r.get("foreign_cores", 0) for r in g + s] or [0])}
 
 
@@ -1753,9 +1767,10 @@ def print_bf16(v: dict, r: dict) -> None:
 
 def print_bf16_compute(r: dict) -> None:
     v = r["bf16_compute"]
-    print(f"\nmlxcel-host's experimental bf16 compute (--compute bf16 --allow-unqualified; text only, no plugins) on "
-          f"the same checkpoint: a text prompt of {v['prompt_rows']} rows, beside this run's figures; advantage (x, "
-          f"> 1 = bf16 compute better)\n")
+    served = (f"the image request ({v['prompt_rows']} rows), its encoder in bf16" if v.get("image") else
+              f"text only, no plugins: a text prompt of {v['prompt_rows']} rows")
+    print(f"\nmlxcel-host's experimental bf16 compute (--compute bf16 --allow-unqualified) on the same checkpoint, "
+          f"{served}, beside this run's figures; advantage (x, > 1 = bf16 compute better)\n")
     ref = r.get("reference", "transformers")
     print(f"| metric | mlxcel-host bf16 compute | mlxcel-host f32 compute | {ref} | llama.cpp {r['dtype']} | "
           f"over f32 compute | over {ref} | over llama.cpp | bandwidth limit (copy / read) |")
@@ -1766,8 +1781,9 @@ def print_bf16_compute(r: dict) -> None:
         if r["limits"] and k in ("decode_1_tok_s", "aggregate_tok_s"):
             lim = f"{r['limits']['copy'][k]:.3g} / {r['limits']['read'][k]:.3g}"
         label = {"lm_prefill_s": "LM prefill: server's time to first token, text (s)",
-                 "ttft_generate_prefill_s": "`generate` prefill_s, text (s)"}.get(k) or LABELS[k]
-        label = label.format(streams=r["streams"], half=r["streams"] // 2)
+                 "ttft_generate_prefill_s": "`generate` prefill_s, " + ("image request" if v.get("image") else "text")
+                                            + " (s)"}.get(k) or LABELS[k]
+        label = label.format(streams=r["streams"], half=r["streams"] // 2, media=r.get("media", "image"))
         adv = row["advantage"]
         print(f"| {label} | {fmt(scale(row['mlxcel_bf16_compute']))} | {fmt(scale(row['mlxcel_f32_compute']))} | "
               f"{fmt(scale(row['hf']))} | {fmt(scale(row['llama.cpp']))} | {fmt(adv['mlxcel_f32_compute'])} | "

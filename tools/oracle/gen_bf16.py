@@ -27,6 +27,11 @@ no rounding of the scale can move; real head sizes such as 128 give scales that 
 (qwen2's is tests/fixtures/qwen2_bf16, from gen_qwen2_bf16.py.) qwen3 has none: in bf16 two of its long prompt's
 greedy candidates tie (margin 0), under the greedy-margin guard.
 
+qwen2_vl's bf16 checkpoint gets one too, tests/fixtures/qwen2_vl_bf16_compute, the reference of its encoder and
+decoder under `--compute bf16`: its weights unchanged, its reference run in bf16. Two of its variants have a step
+whose two best logits tie in bf16 (two_images at step 13, long at step 6): their goldens keep the greedy tokens
+before that step (common.reference_goldens' cut_at_tie) and every prompt logit.
+
 `python gen_bf16.py [--check] [NAME ...]` makes (or checks) only the named forms (`gemma3n_bf16`, `llava_f16`, ...);
 regen.sh runs them all."""
 
@@ -67,6 +72,8 @@ FAMILIES = {
 FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "qwen3_vl": ["bfloat16"], "gemma3": ["bfloat16"],
          "llava": ["bfloat16", "float16"], "molmo2": ["bfloat16"], "gemma3n": ["bfloat16"]}
 SHORT = {"bfloat16": "bf16", "float16": "f16"}
+# The vision-language families whose bf16 checkpoint also gets a bf16-compute form (see the module doc).
+VLM_BF16_COMPUTE = ["qwen2_vl"]
 
 
 # A text decoder's bf16 forms: (name suffix, the reference run's dtype, what the form is); the second for
@@ -121,7 +128,9 @@ def main() -> None:
     ap.add_argument("names", nargs="*", metavar="NAME", help="only these forms (default: all)")
     args = ap.parse_args()
     text_forms = [(n, form) for n in TEXT for form in TEXT_FORMS[:2 if n in TEXT_BF16_COMPUTE else 1]]
-    known = [f"{n}{form[0]}" for n, form in text_forms] + [f"{n}_{SHORT[d]}" for n in FAMILIES for d in FORMS[n]]
+    vlm_forms = [(n, d, torch.float32, "") for n in FAMILIES for d in FORMS[n]]
+    vlm_forms += [(n, "bfloat16", torch.bfloat16, "_compute") for n in VLM_BF16_COMPUTE]
+    known = [f"{n}{form[0]}" for n, form in text_forms] + [f"{n}_{SHORT[d]}{s}" for n, d, _, s in vlm_forms]
     if unknown := [n for n in args.names if n not in known]:
         ap.error(f"no such form: {', '.join(unknown)} (known: {', '.join(known)})")
     wanted = lambda form: not args.names or form in args.names
@@ -149,20 +158,22 @@ def main() -> None:
                 if run_dtype == torch.bfloat16 else []),
             dtype=torch.bfloat16, run_dtype=run_dtype, model=model,
         )
-    for (name, kwargs), dtype in ((item, dtype) for item in FAMILIES.items() for dtype in FORMS[item[0]]):
-        if not wanted(f"{name}_{SHORT[dtype]}"):
+    for name, dtype, run_dtype, suffix in vlm_forms:
+        if not wanted(f"{name}_{SHORT[dtype]}{suffix}"):
             continue
+        kwargs = FAMILIES[name]
         base = common.FIXTURES / name
         model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32).to(getattr(torch, dtype))
         for config in [model.config] + [getattr(model.config, k) for k in model.config.sub_configs]:
             config.dtype = dtype
         processor, _ = common.load_processor(base)
         media, variants = media_and_variants(name, base)
-        kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [note(dtype), f"made from tests/fixtures/{name}"],
+        what = note(dtype) if run_dtype == torch.float32 else TEXT_FORMS[1][2]
+        kwargs = dict(kwargs, notes=kwargs.get("notes", []) + [what, f"made from tests/fixtures/{name}"],
                       post_save=same_files(base, kwargs.get("post_save")))
         common.vlm_fixture(
-            f"{name}_{SHORT[dtype]}", "gen_bf16.py", model, processor, media, variants, check=args.check,
-            run_dtype=torch.float32, **kwargs,
+            f"{name}_{SHORT[dtype]}{suffix}", "gen_bf16.py", model, processor, media, variants, check=args.check,
+            run_dtype=run_dtype, cut_at_tie=run_dtype == torch.bfloat16, **kwargs,
         )
 
 

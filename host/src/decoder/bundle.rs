@@ -509,6 +509,31 @@ impl Decoder {
         Ok(HostTensor::from_bytes(rows.dtype(), rows.shape().to_vec(), scaled)?)
     }
 
+    /// f32 or bf16 rows as f32 values, widened exactly: how the host merges features into
+    /// embeddings of either dtype.
+    pub fn rows_as_f32(rows: &HostTensor) -> Result<Vec<f32>, DecoderError> {
+        match rows.dtype() {
+            DType::F32 => Ok(rows.to_vec::<f32>()?),
+            DType::BF16 => {
+                Ok(rows.bytes().chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect())
+            }
+            other => Err(DecoderError::Embeddings(format!("cannot read {other} rows (f32 or bf16 only)"))),
+        }
+    }
+
+    /// f32 `values` of `shape` as rows of `dtype` (f32, or bf16 rounded once to nearest even,
+    /// as torch rounds): the merged embeddings in the bundle's activation dtype.
+    pub fn rows_from_f32(dtype: DType, shape: Vec<usize>, values: &[f32]) -> Result<HostTensor, DecoderError> {
+        match dtype {
+            DType::F32 => Ok(HostTensor::from_slice(shape, values)?),
+            DType::BF16 => {
+                let bytes = values.iter().flat_map(|&x| f32_to_bf16(x).to_le_bytes()).collect();
+                Ok(HostTensor::from_bytes(dtype, shape, bytes)?)
+            }
+            other => Err(DecoderError::Embeddings(format!("cannot write {other} rows (f32 or bf16 only)"))),
+        }
+    }
+
     /// The checkpoint's embedding-table rows for `tokens`, `[n, hidden]` in the activation
     /// dtype, unscaled: prefilling them through `prefill_embeddings` after
     /// [`Decoder::scale_embeddings`] by [`Decoder::embed_scale`] is exactly `prefill_tokens`.

@@ -36,7 +36,7 @@ use mlxcel_plugin_api::{
 use mlxcel_shim::{CacheOutcome, Checkpoint, Compiler, Device, Driver, Target};
 
 use super::tokens::Pieces;
-use crate::exec::DeviceArgs;
+use crate::exec::{Compute, DeviceArgs};
 use crate::multimodal::{Encoders, contract_input, decoder_spec, plugin_index, preprocess, processor_json, read_text};
 use mlxcel_decoder::DecoderSpec;
 
@@ -60,6 +60,14 @@ pub(crate) struct VerifyArgs {
     /// every variant with its outcome, difference and tolerance, what conformance tests read.
     #[arg(long)]
     json: bool,
+    /// What the encoders and the decoder compute in. Under bf16 (experimental, with
+    /// --allow-unqualified) every numeric stage is held to the reference bit for bit: a bf16
+    /// fixture's reference runs in bf16.
+    #[arg(long, value_enum, default_value = "f32")]
+    compute: Compute,
+    /// Allow an experimental compute.
+    #[arg(long)]
+    allow_unqualified: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -172,7 +180,8 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<()> {
     let Some(config) = config else {
         bail!("verify failed at stage config: {}", failure_text(&config_stage));
     };
-    let mut kit = Kit::new(plugin, &fixture, config, &args.device);
+    let contract = args.compute.contract(args.allow_unqualified, &args.device.target_cpu)?;
+    let mut kit = Kit::new(plugin, &fixture, config, &args.device, contract);
     kit.chunk = kit.decoder_chunk(&goldens);
     kit.capacity = capacity(&goldens, kit.chunk);
     let mut results: Vec<(String, Stage)> = vec![("(fixture)".to_owned(), config_stage)];
@@ -355,6 +364,8 @@ struct Kit<'a> {
     capacity: usize,
     /// Per variant whose `tokens` stage ran: greedy tokens matched and compared.
     greedy: Vec<(String, usize, usize)>,
+    /// The decoder's and encoders' contract when not f32.
+    contract: Option<mlxcel_emit::NumericContract>,
 }
 
 /// The prefill and teacher-forced decode of one variant.
@@ -378,8 +389,14 @@ enum Stopped {
 }
 
 impl<'a> Kit<'a> {
-    fn new(plugin: &'a LoadedPlugin, fixture: &'a Fixture, config: ModelConfig, device_args: &'a DeviceArgs) -> Self {
-        let encoders = Encoders::new(fixture.dir(), device_args);
+    fn new(
+        plugin: &'a LoadedPlugin,
+        fixture: &'a Fixture,
+        config: ModelConfig,
+        device_args: &'a DeviceArgs,
+        contract: Option<mlxcel_emit::NumericContract>,
+    ) -> Self {
+        let encoders = Encoders::new(fixture.dir(), device_args, contract.as_ref());
         Self {
             plugin,
             fixture,
@@ -391,7 +408,14 @@ impl<'a> Kit<'a> {
             chunk: CHUNK,
             capacity: CHUNK,
             greedy: Vec::new(),
+            contract,
         }
+    }
+
+    /// A numeric stage's tolerance: the qualified one in f32, none under another compute,
+    /// whose reference runs in that compute too.
+    fn tolerance(&self, stage: &str) -> f64 {
+        if self.contract.is_some() { 0.0 } else { tolerance(stage) }
     }
 
     /// The prefill chunk for the decoder: the smallest multiple of [`CHUNK`] that holds the
@@ -545,14 +569,18 @@ impl<'a> Kit<'a> {
             }
             Err(Stopped::Logits(embeddings, why)) => {
                 return vec![
-                    stage("embeddings", compare_embeddings(golden, &embeddings)),
+                    stage("embeddings", compare_embeddings(golden, &embeddings, self.tolerance("embeddings"))),
                     stage("logits", Outcome::Failed(why)),
                     stage("tokens", Outcome::Skipped("needs the logits".to_owned())),
                 ];
             }
         };
 
-        let logits = if has_logits { compare_logits(golden, &trajectory, greedy.is_some()) } else { no_logits() };
+        let logits = if has_logits {
+            compare_logits(golden, &trajectory, greedy.is_some(), self.tolerance("logits"))
+        } else {
+            no_logits()
+        };
         let tokens = match &greedy {
             None => missing("greedy_tokens"),
             Some(want) => {
@@ -562,7 +590,7 @@ impl<'a> Kit<'a> {
             }
         };
         vec![
-            stage("embeddings", compare_embeddings(golden, &trajectory.embeddings)),
+            stage("embeddings", compare_embeddings(golden, &trajectory.embeddings, self.tolerance("embeddings"))),
             stage("logits", logits),
             stage("tokens", tokens),
         ]
@@ -581,12 +609,13 @@ impl<'a> Kit<'a> {
     ) -> Result<Trajectory, Stopped> {
         let ids = golden_ids(golden).map_err(Stopped::Embeddings)?;
         let (chunk, capacity) = (self.chunk, self.capacity);
-        let device_args = self.device_args;
+        let (device_args, numeric) = (self.device_args, self.contract);
         let decoder = self
             .decoder
             .get_or_insert_with(|| {
                 let spec = decoder_spec(self.plugin, &self.config).map_err(|e| format!("{e:#}"))?;
-                load_decoder(self.fixture.dir(), device_args, chunk, capacity, spec).map_err(|e| format!("{e:#}"))
+                load_decoder(self.fixture.dir(), device_args, (chunk, capacity), spec, numeric)
+                    .map_err(|e| format!("{e:#}"))
             })
             .as_mut()
             .map_err(|e| Stopped::Embeddings(format!("loading the decoder: {e}")))?;
@@ -599,7 +628,7 @@ impl<'a> Kit<'a> {
             encoders.encode_all(plugin, config, media.modality, item)
         });
         let (embeddings, positions, extras) = input.map_err(|e| Stopped::Embeddings(format!("{e:#}")))?;
-        let values: Vec<f32> = embeddings.to_vec().map_err(|e| Stopped::Embeddings(format!("{e:#}")))?;
+        let values = Decoder::rows_as_f32(&embeddings).map_err(|e| Stopped::Embeddings(format!("{e:#}")))?;
 
         let slot = 0;
         let vocab = decoder.config().vocab;
@@ -746,7 +775,7 @@ impl<'a> Kit<'a> {
                     Err(e) => return Outcome::Failed(format!("item {index}: {e:#}")),
                 }
             }
-            let tol = tolerance("encoder");
+            let tol = self.tolerance("encoder");
             outcomes.push(compared(golden.check_f32(key, &rows, Tolerance::abs(tol)), format!("`{key}`")));
         }
         merge(outcomes)
@@ -762,9 +791,9 @@ impl<'a> Kit<'a> {
 fn load_decoder(
     checkpoint: &Path,
     device_args: &DeviceArgs,
-    chunk: usize,
-    capacity: usize,
+    (chunk, capacity): (usize, usize),
     spec: Option<DecoderSpec>,
+    contract: Option<mlxcel_emit::NumericContract>,
 ) -> Result<Decoder> {
     let started = std::time::Instant::now();
     let compiler = Compiler::locate()?;
@@ -775,7 +804,7 @@ fn load_decoder(
         shape: BundleShape { chunk, capacity, slots: 1 },
         target: Target::Cpu { cpu: device_args.target_cpu.clone() },
         spec,
-        ..DecoderOptions::default()
+        contract,
     };
     let decoder = Decoder::load(checkpoint, options, &device, &compiler, &cache)?;
     let how = match decoder.cache_outcome() {
@@ -797,19 +826,19 @@ fn golden_ids(golden: &Golden) -> Result<Vec<u32>, String> {
 }
 
 /// The merged prefill embeddings against `inputs_embeds`.
-fn compare_embeddings(golden: &Golden, embeddings: &[f32]) -> Outcome {
+fn compare_embeddings(golden: &Golden, embeddings: &[f32], tol: f64) -> Outcome {
     let key = "inputs_embeds";
     if !golden.has(key) {
         return Outcome::Skipped(format!("the goldens have no `{key}`"));
     }
-    let tol = Tolerance::abs(tolerance("embeddings"));
+    let tol = Tolerance::abs(tol);
     compared(golden.check_f32(key, embeddings, tol), format!("`{key}`"))
 }
 
 /// Every prefill row against `logits`, and the teacher-forced steps against `decode_logits`;
 /// a pass names each one's max-abs-diff.
-fn compare_logits(golden: &Golden, trajectory: &Trajectory, forced: bool) -> Outcome {
-    let tol = Tolerance::abs(tolerance("logits"));
+fn compare_logits(golden: &Golden, trajectory: &Trajectory, forced: bool, tol: f64) -> Outcome {
+    let tol = Tolerance::abs(tol);
     let each = |result: Result<Report, mlxcel_golden::Error>, what: String| match result {
         Ok(report) => {
             let detail = format!("{what} {:.3e}", report.max_abs_diff);

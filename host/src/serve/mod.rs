@@ -24,7 +24,7 @@ use mlxcel_host::engine::SchedulerConfig;
 /// The text module as `request.rs` names it (`super::text`), which `fuzz/` compiles beside it.
 use mlxcel_host::text;
 use mlxcel_host::text::{ChatTemplate, Tokenizer, stop_tokens};
-use mlxcel_plugin_api::QualificationPolicy;
+use mlxcel_plugin_api::{EncoderCompute, QualificationPolicy};
 use mlxcel_shim::{Compiler, Device, Driver, Target};
 
 use crate::exec::{Compute, DeviceArgs};
@@ -180,6 +180,8 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
 
     // The plugin set lives as long as the process (plugin libraries are never unloaded), so
     // requests borrow it for 'static.
+    let contract = args.compute.contract(args.allow_unqualified, &args.device.target_cpu)?;
+    let compute = contract.as_ref().map_or(EncoderCompute::F32, EncoderCompute::beside);
     let media: Option<&'static MediaModel<'static>> = match &args.plugins.dir() {
         None => None,
         Some(_) => {
@@ -190,6 +192,7 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
                 // would advertise images it cannot encode.
                 Ok(media) => {
                     media.check_checkpoint(&dir)?;
+                    media.check_compute(compute)?;
                     let media = media.with_encoder_cache(args.encoder_cache_mb.saturating_mul(1 << 20));
                     Some(Box::leak(Box::new(media)))
                 }
@@ -225,7 +228,6 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
         .with_context(|| format!("reading the text config of {}", dir.display()))?
         .vocab;
     let text = Arc::new(http::TextSide { tokenizer, template, stop_tokens: stops, vocab, grammar: OnceLock::new() });
-    let contract = args.compute.contract(args.allow_unqualified, with_encoders, &device_args.target_cpu)?;
     let warm = args.warm_encoders || compile_only;
     let loader: engine::Loader = Box::new(move || {
         let compiler = Compiler::locate()?;
@@ -239,7 +241,7 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
         };
         let decoder = Decoder::load(&load_dir, options, &device, &compiler, &cache)
             .with_context(|| format!("loading the decoder of {}", load_dir.display()))?;
-        let mut encoders = with_encoders.then(|| Encoders::new(&load_dir, device_args));
+        let mut encoders = with_encoders.then(|| Encoders::new(&load_dir, device_args, contract.as_ref()));
         if let (true, Some(media), Some(encoders)) = (warm, media, encoders.as_mut()) {
             let buckets = media.warm(encoders).context("compiling the encoders")?;
             eprintln!("encoders ready: {buckets} bucket(s)");

@@ -3,7 +3,10 @@
 //! each media variant's golden prompt ids and greedy tokens, the golden media requests inside a
 //! mixed batch through the server, and bad images refused clearly. The cases are every oracle
 //! fixture an in-tree manifest accepts (`host/build.rs` writes the list), so a new family's test
-//! comes from its manifest and fixture; nothing here names a family.
+//! comes from its manifest and fixture; nothing here names a family. A fixture named
+//! `*_bf16_compute` is its checkpoint's reference in bf16 (transformers run in bf16): it is
+//! checked under `--compute bf16`, bit for bit, but for the differences [`BF16_COMPUTE_DIFFERENCES`]
+//! states.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,7 +36,7 @@ fn check(name: &str) {
         return;
     }
     verify_passes_every_stage(name);
-    let opt_in = opt_in(name);
+    let opt_in = if is_bf16_compute(name) { BF16_COMPUTE } else { opt_in(name) };
     generate_gives_the_golden_tokens(name, opt_in);
     crate::server::mixed_batch_gives_the_golden_tokens(name, opt_in);
     if is_audio(name) {
@@ -41,6 +44,27 @@ fn check(name: &str) {
     } else {
         bad_images_are_refused_clearly(name, opt_in);
     }
+}
+
+/// The flags of the experimental bf16 compute.
+const BF16_COMPUTE: &[&str] = &["--compute", "bf16", mlxcel_plugin_api::ALLOW_UNQUALIFIED_FLAG];
+
+/// The bf16-compute fixtures' stated differences from their reference: (fixture, variant, the
+/// first divergence verify reports). Every other stage of every variant is bit for bit.
+///
+/// qwen2_vl_bf16_compute's long prompt: the encoder's features and the merged embeddings are
+/// bit for bit, and so are the prompt logits of rows 0 to 63; from row 64 (the first text row
+/// after the image) the decoder's logits differ by up to 3.1e-2 (2 bf16 steps at those rows'
+/// scale), its 6 golden tokens agreeing. transformers' logits do not move when its attention
+/// products are summed in f32 or in order, or its softmax or SiLU computed in f64, so the op is
+/// one of the decoder's f32 transcendentals (`exp`, `rsqrt`), not torch's to the last bit,
+/// rounding one bf16 value the other way, as Gemma 3's long prompt does in the text test.
+const BF16_COMPUTE_DIFFERENCES: &[(&str, &str, &str)] =
+    &[("qwen2_vl_bf16_compute", "long", "stage logits: first divergence at flat index 28675 [64, 3]")];
+
+/// Whether the fixture is a bf16-compute reference (see the module doc).
+fn is_bf16_compute(name: &str) -> bool {
+    name.ends_with("_bf16_compute")
 }
 
 /// Whether the fixture's media are audio clips (an audio family's, Gemma 3n's).
@@ -124,7 +148,7 @@ fn recorded_divergence(name: &str) -> Option<String> {
 /// text-only variants (the decoder alone) still pass every stage.
 fn diverges_where_recorded(name: &str, recorded: &str) {
     let temp = tempfile::tempdir().expect("temp dir");
-    let (ok, report, err) = verify_json(&fixture(name), &temp.path().join("cache"));
+    let (ok, report, err) = verify_json(&fixture(name), &temp.path().join("cache"), &[]);
     assert!(!ok, "{name}: verify passes; the manifest's first_divergence ({recorded}) is out of date:\n{err}");
     let stages = report["stages"].as_array().expect("stages");
     let first = stages.iter().find(|s| s["outcome"] == "failed").expect("a failed stage");
@@ -134,8 +158,8 @@ fn diverges_where_recorded(name: &str, recorded: &str) {
     }
 }
 
-/// `plugins verify --json` on `dir` with a fresh compile cache.
-fn verify_json(dir: &Path, cache: &Path) -> (bool, serde_json::Value, String) {
+/// `plugins verify --json` on `dir` with a fresh compile cache, and `extra` flags.
+fn verify_json(dir: &Path, cache: &Path, extra: &[&str]) -> (bool, serde_json::Value, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_mlxcel-host"))
         .args(["plugins", "verify"])
         .arg(plugins())
@@ -144,6 +168,7 @@ fn verify_json(dir: &Path, cache: &Path) -> (bool, serde_json::Value, String) {
         .arg("--cache-dir")
         .arg(cache)
         .arg("--json")
+        .args(extra)
         .env_remove("MLXCEL_PLUGINS")
         .output()
         .expect("run mlxcel-host");
@@ -167,9 +192,11 @@ fn media(golden: &serde_json::Value) -> Vec<String> {
 
 fn verify_passes_every_stage(name: &str) {
     let temp = tempfile::tempdir().expect("temp dir");
-    let (ok, report, err) = verify_json(&fixture(name), &temp.path().join("cache"));
+    let extra = if is_bf16_compute(name) { BF16_COMPUTE } else { &[] };
+    let (ok, report, err) = verify_json(&fixture(name), &temp.path().join("cache"), extra);
     println!("{err}");
-    assert!(ok && report["passed"] == true, "{name}: verify failed:\n{err}");
+    let differences: Vec<_> = BF16_COMPUTE_DIFFERENCES.iter().filter(|d| d.0 == name).collect();
+    assert_eq!(ok && report["passed"] == true, differences.is_empty(), "{name}: verify:\n{err}");
     for fixture_stage in ["config", "checkpoint"] {
         let s = stage(&report, "(fixture)", fixture_stage).unwrap_or_else(|| panic!("{name}: no {fixture_stage}"));
         assert_eq!(s["outcome"], "checked", "{name}: {s}");
@@ -182,6 +209,15 @@ fn verify_passes_every_stage(name: &str) {
         for s in STAGES.iter().chain(&["tokens"]) {
             let got = stage(&report, variant, s).unwrap_or_else(|| panic!("{name}/{variant}: no stage {s}"));
             // Tokens are counted (`checked`, "16/16"); the other stages are compared.
+            let stated = differences.iter().find(|d| d.1 == variant && *s == "logits");
+            if let Some((_, _, first)) = stated {
+                let detail = got["detail"].as_str().unwrap_or_default();
+                assert!(
+                    got["outcome"] == "failed" && detail.contains(first),
+                    "{name}/{variant}: the stated difference moved (want `{first}`): {got}"
+                );
+                continue;
+            }
             let allowed: &[&str] = match *s {
                 "tokens" => &["checked"],
                 "embeddings" | "logits" => &["passed"],
@@ -231,7 +267,10 @@ fn generate_gives_the_golden_tokens(name: &str, opt_in: &[&str]) {
         let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one json object on stdout");
         assert_eq!(got["prompt"], golden["prompt"], "{name}/{variant}: rendered prompt");
         assert_eq!(ids(&got["prompt_ids"]), ids(&golden["input_ids"]), "{name}/{variant}: expanded prompt ids");
-        assert_eq!(ids(&got["tokens"]), ids(&golden["greedy_tokens"]), "{name}/{variant}: greedy tokens");
+        // A golden cut before a tie (common.reference_goldens' cut_at_tie) holds fewer tokens.
+        let want = ids(&golden["greedy_tokens"]);
+        let got_tokens = ids(&got["tokens"]);
+        assert_eq!(got_tokens[..want.len().min(got_tokens.len())], want[..], "{name}/{variant}: greedy tokens");
         checked += 1;
     }
     assert!(checked >= 2, "{name}: only {checked} media variants went through generate");
@@ -448,6 +487,6 @@ fn a_token_table_split_elsewhere_reads_as_the_same_table() {
         .collect();
     std::fs::write(&path, safetensors::serialize(views, metadata).expect("serialize")).expect("write");
 
-    let (ok, report, err) = verify_json(&copy, &temp.path().join("cache"));
+    let (ok, report, err) = verify_json(&copy, &temp.path().join("cache"), &[]);
     assert!(ok && report["passed"] == true, "split at {half} of {rows}: {err}");
 }

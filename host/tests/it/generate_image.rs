@@ -86,3 +86,30 @@ fn experimental_checkpoint_forms_are_refused_for_images_without_the_opt_in() {
     let text = generate(plugins(), &model, &[], "Say hello.", &[]);
     assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
 }
+
+/// bf16 compute serves a family's images only where its plugin offers the encoder in bf16
+/// (Qwen2-VL's, whose golden tokens `conformance::qwen2_vl_bf16_compute` checks): another family
+/// refuses before anything compiles, naming the compute, and its text is still served in bf16.
+#[test]
+fn bf16_compute_is_refused_for_images_by_a_family_whose_encoder_computes_in_f32_only() {
+    let qwen2_vl = fixture("qwen2_vl_bf16");
+    let out = generate(
+        plugins(),
+        &qwen2_vl,
+        &[qwen2_vl.join("inputs/wide.png")],
+        "Describe.",
+        &["--compute", "bf16", "--allow-unqualified"],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["activations"], "bf16", "{report}");
+    let model = fixture("gemma3_bf16");
+    let image = model.join("inputs/wide.png");
+    let bf16 = ["--compute", "bf16", "--allow-unqualified"];
+    let stderr = refused(&generate(plugins(), &model, std::slice::from_ref(&image), "Describe.", &bf16));
+    assert!(stderr.contains("--compute bf16 computes the image encoder in bf16"), "{stderr}");
+    assert!(stderr.contains("the gemma3 encoder computes in f32 only"), "{stderr}");
+    assert!(!stderr.contains("compiled"), "refused before any compile: {stderr}");
+    let text = generate(plugins(), &model, &[], "Say hello.", &bf16);
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+}

@@ -29,14 +29,14 @@ const GOOD: Testkit = Testkit {
     name: "testkit-good",
     architecture: "ToyGoodForConditionalGeneration",
     model_type: "toy_good",
-    plugin_api: "1.3",
+    plugin_api: "1.4",
 };
 const WRONG_MASK: Testkit = Testkit {
     package: "mlxcel-testkit-wrong-mask",
     name: "testkit-wrong-mask",
     architecture: "ToyWrongMaskForConditionalGeneration",
     model_type: "toy_wrong_mask",
-    plugin_api: "1.3",
+    plugin_api: "1.4",
 };
 const INCOMPATIBLE_MAJOR: Testkit = Testkit {
     package: "mlxcel-testkit-incompatible-major",
@@ -196,13 +196,13 @@ fn list_shows_loaded_plugins_and_every_rejection_with_its_reason() {
     let out = stdout(&output);
     assert!(output.status.success(), "a bad plugin must not stop the host:\n{out}\n{}", stderr(&output));
     assert!(out.contains("1 loaded, 3 skipped"), "{out}");
-    assert!(out.contains("testkit-good 0.3.1  plugin-api 1.3"), "{out}");
+    assert!(out.contains("testkit-good 0.3.1  plugin-api 1.4"), "{out}");
     assert!(out.contains("architectures: ToyGoodForConditionalGeneration"), "{out}");
     assert!(out.contains("model types:   toy_good"), "{out}");
     assert!(out.contains("image        qualified     served"), "{out}");
     assert!(
         out.contains("plugin `testkit-incompatible-major`")
-            && out.contains("built against plugin-api 2.0, which this host (plugin-api 1.3) cannot load"),
+            && out.contains("built against plugin-api 2.0, which this host (plugin-api 1.4) cannot load"),
         "{out}"
     );
     assert!(out.contains("skipped plugin `testkit-corrupt`") && out.contains("cannot open library"), "{out}");
@@ -284,7 +284,7 @@ fn inspect_prints_the_whole_manifest_with_evidence() {
     let out = stdout(&output);
     assert!(output.status.success(), "{out}\n{}", stderr(&output));
     for expected in [
-        "# testkit-good 0.3.1 (plugin-api 1.3)",
+        "# testkit-good 0.3.1 (plugin-api 1.4)",
         "# reference: https://example.invalid/toy-vl@0000000",
         "max_pixels_per_image = 1048576",
         "[capabilities.image.evidence]",
@@ -536,7 +536,7 @@ fn verify_passes_the_toy_family_stage_by_stage() {
         let output = verify(target, fixture.path());
         let out = stdout(&output);
         assert!(output.status.success(), "{out}\n{}", stderr(&output));
-        assert!(out.contains("plugin testkit-good 0.3.1 (plugin-api 1.3)"), "{out}");
+        assert!(out.contains("plugin testkit-good 0.3.1 (plugin-api 1.4)"), "{out}");
         for line in [
             "config       ok",
             "checkpoint   ok",

@@ -132,6 +132,12 @@ def scenario_models(client, args):
     return {"data": [m.model_dump() for m in models.data]}
 
 
+def golden_params(golden):
+    """A golden request's parameters: greedy, as many tokens as the golden holds (16, or fewer when its reference
+    cut them before a tie)."""
+    return {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY, "max_tokens": len(golden["greedy_tokens"])}
+
+
 def mixed_requests(args):
     """Eight requests: text and image, greedy and seeded sampling, two of them golden variants (image, or
     image_jpeg where the fixture has no image, and two_images or, for a family of one image per prompt, long);
@@ -154,7 +160,7 @@ def mixed_requests(args):
             first = next(v for v in ("image", "image_jpeg", "audio") if has(v))
             variant = first if i == 3 else next(v for v in ("two_images", "two_audios", "long") if has(v))
             golden = json.loads((args.fixture / "goldens" / f"{variant}.json").read_text())
-            params = {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY}
+            params = golden_params(golden)
             requests.append((variant, golden_messages(args.fixture, golden), params))
             continue
         if i % 2 == 0:
@@ -172,8 +178,8 @@ def mixed_requests(args):
     for variant in CLIENT_FORMAT_VARIANTS:
         path = args.fixture / "goldens" / f"{variant}.json"
         if path.exists():
-            params = {"logprobs": True, "extra_body": IGNORE_EOS, **GREEDY}
-            requests.append((variant, golden_messages(args.fixture, json.loads(path.read_text())), params))
+            golden = json.loads(path.read_text())
+            requests.append((variant, golden_messages(args.fixture, golden), golden_params(golden)))
     return requests
 
 

@@ -38,7 +38,10 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// scale was rounded to bf16 first, which for a head size that is not a power of four (any
 /// scale not a power of two: Qwen3's 32, every 128) made two thirds of the logits differ
 /// from transformers in bf16.
-pub const CONTRACT_VERSION: u32 = 15;
+/// v16: under bf16 activations `quick_gelu` rounds where torch's three tensor operations do
+/// (`1.702 * x`, the sigmoid, the product), and encoders compute under bf16 activations too; f32
+/// graphs compute the same results.
+pub const CONTRACT_VERSION: u32 = 16;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -223,13 +226,14 @@ impl ContractDescriptor {
 }
 
 /// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
-const ROUNDING: [&str; 11] = [
+const ROUNDING: [&str; 12] = [
     "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
     "linear_tiled: as linear, the weight (and x, when bf16 products are summed in pairs) widened inside the contraction",
     "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
     "rms_norm one_plus: normalised and scaled by (1 + w) in the accumulator, rounded once",
     "layer_norm: in the accumulator (biased variance), rounded once",
-    "silu, gelu_tanh, gelu_erf (Abramowitz-Stegun 7.1.26), quick_gelu: in the accumulator, rounded once",
+    "silu, gelu_tanh, gelu_erf (Abramowitz-Stegun 7.1.26): in the accumulator, rounded once",
+    "quick_gelu: 1.702 x rounded, the sigmoid in the accumulator rounded, the product rounded (torch's three ops)",
     "softmax: max-subtracted in the accumulator, rounded once; attention scores scaled by the f32 scale, rounded once",
     "residual: added in the activations",
     "softcap: tanh(x / c) * c in the logits' dtype",
@@ -812,18 +816,20 @@ impl NumericContract {
     }
 
     /// transformers' `quick_gelu`, `x * sigmoid(1.702 x)`, with the sigmoid as torch's CPU
-    /// kernel computes it (`1 / (1 + exp(-y))`), in the accumulator, rounded once.
+    /// kernel computes it (`1 / (1 + exp(-y))`) in the accumulator. The three are tensor
+    /// operations in torch, each rounded to the activation dtype: `1.702 * x` as a tensor times a
+    /// Python number ([`Self::act_scale`]), the sigmoid, the product ([`Self::act_mul`]); under
+    /// f32 activations no rounding moves anything.
     pub fn quick_gelu(&self, f: &mut Func, x: &Value) -> Value {
-        let xa = f.convert(x, self.accumulate);
-        let k = f.splat(xa.ty(), 1.702);
-        let kx = f.mul(&k, &xa);
-        let neg = f.neg(&kx);
+        let kx = self.act_scale(f, x, 1.702);
+        let kxa = f.convert(&kx, self.accumulate);
+        let neg = f.neg(&kxa);
         let e = f.exp(&neg);
-        let one = f.splat(xa.ty(), 1.0);
+        let one = f.splat(kxa.ty(), 1.0);
         let denom = f.add(&one, &e);
         let s = f.div(&one, &denom);
-        let y = f.mul(&xa, &s);
-        self.round(f, &y)
+        let s = self.round(f, &s);
+        self.act_mul(f, x, &s)
     }
 
     /// Softmax over the last dimension in the accumulator (max-subtracted),
@@ -854,7 +860,7 @@ impl NumericContract {
     /// whose value a fused bf16 operation widens again (`extf(truncf(x))` folds under its
     /// `contract` fast-math flag), so an RMSNorm multiplied its weight by the unrounded norm and
     /// 248 of 448 logits of a one-token prompt differed from torch's in bf16; written out, none.
-    fn round(&self, f: &mut Func, y: &Value) -> Value {
+    pub fn round(&self, f: &mut Func, y: &Value) -> Value {
         if self.activations != Elem::BF16 || y.elem() != Elem::F32 {
             return f.convert(y, self.activations);
         }

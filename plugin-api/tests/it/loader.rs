@@ -1,8 +1,8 @@
 //! Loading the good fixture, calling every entry, and the scan's handling of bad plugins.
 
 use mlxcel_plugin_api::{
-    CheckpointIndex, ContractRequest, DType, EncoderGraphRequest, EncoderTarget, Error, ErrorCode, ItemMeta,
-    LayoutRequest, MediaItem, Modality, PreprocessOptions, ROption, RVec, TensorSpec, scan,
+    CheckpointIndex, ContractRequest, DType, EncoderCompute, EncoderGraphRequest, EncoderTarget, Error, ErrorCode,
+    ItemMeta, LayoutRequest, MediaItem, Modality, PreprocessOptions, ROption, RVec, TensorSpec, scan,
 };
 
 use crate::support::{DUPLICATE, GOOD, INCOMPATIBLE_MAJOR, NO_ENTRY, PANICKING_IDENTITY, PluginDir, load_good};
@@ -16,7 +16,7 @@ fn rgb(width: u32, height: u32) -> MediaItem {
 fn good_plugin_answers_every_stage() {
     let (_dir, plugin) = load_good();
     assert_eq!(plugin.name(), "testkit-good");
-    assert_eq!(plugin.api_version().to_string(), "1.3");
+    assert_eq!(plugin.api_version().to_string(), "1.4");
     assert_eq!(plugin.identity().architectures.as_slice(), &[mlxcel_plugin_api::RString::from(GOOD.architecture)]);
 
     let config = plugin.parse_config(&GOOD.config_json(), "").expect("parse_config");
@@ -59,21 +59,28 @@ fn good_plugin_answers_every_stage() {
     let buckets = plugin.encoder_buckets(&config, Modality::Image).expect("buckets");
     assert_eq!(buckets.iter().map(|b| b.id.as_str()).collect::<Vec<_>>(), ["patches-4", "patches-16", "patches-64"]);
     let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-4".into() };
-    let graph = plugin.encoder_graph(&config, &request, &EncoderTarget::new(Some(256))).expect("encoder_graph");
-    // Through 1.3's `encoder_graph_for`: the plugin was told the target.
+    let graph = plugin
+        .encoder_graph(&config, &request, &EncoderTarget::new(Some(256)), EncoderCompute::F32)
+        .expect("encoder_graph");
+    // Through 1.4's `encoder_graph_compute`: the plugin was told the target.
     assert!(graph.stablehlo.starts_with("// laid out for 256-bit vectors\n"), "{}", graph.stablehlo);
+    // ... and the compute, which a family that does not offer it refuses in its own words.
+    let err = plugin
+        .encoder_graph(&config, &request, &EncoderTarget::new(Some(256)), EncoderCompute::Bf16Pairs)
+        .expect_err("the toy computes in f32 only");
+    assert!(err.to_string().contains("the toy encoder computes in f32 only, not in bf16 (paired sums)"), "{err}");
     assert!(graph.stablehlo.contains("#flow.parameter.named<\"model\"::\"vision.proj.weight\">"));
     assert_eq!(graph.parameters[0].shape.as_slice(), &[12, 16]);
     assert_eq!(graph.outputs[0].shape.as_slice(), &[4, 16]);
 
     let good_index =
         CheckpointIndex { tensors: RVec::from(vec![TensorSpec::new("vision.proj.weight", DType::F32, &[12, 16])]) };
-    let report = plugin.check_checkpoint(&config, &good_index).expect("check_checkpoint").expect("1.3 plugin");
+    let report = plugin.check_checkpoint(&config, &good_index).expect("check_checkpoint").expect("1.4 plugin");
     assert!(report.problems.is_empty());
     let report = plugin
         .check_checkpoint(&config, &CheckpointIndex { tensors: RVec::new() })
         .expect("check_checkpoint")
-        .expect("1.3 plugin");
+        .expect("1.4 plugin");
     assert_eq!(report.problems[0].as_str(), "missing tensor `vision.proj.weight`");
 }
 
@@ -121,7 +128,7 @@ fn plugin_errors_come_back_typed() {
 fn scan_skips_each_bad_plugin_with_its_reason_and_loads_the_rest() {
     let dir = PluginDir::new();
     dir.install(GOOD, |_| {});
-    dir.install(INCOMPATIBLE_MAJOR, |m| m.plugin.plugin_api = "1.3".to_owned());
+    dir.install(INCOMPATIBLE_MAJOR, |m| m.plugin.plugin_api = "1.4".to_owned());
     dir.install(PANICKING_IDENTITY, |_| {});
     dir.install(NO_ENTRY, |_| {});
     // A corrupt library with a manifest whose sha256 matches it.
@@ -156,7 +163,7 @@ fn scan_skips_each_bad_plugin_with_its_reason_and_loads_the_rest() {
         "skipped plugin `broken` ($DIR/broken.toml): invalid manifest $DIR/broken.toml: missing field `version`",
         "skipped plugin `corrupt` ($DIR/corrupt.toml): cannot open library $DIR/libcorrupt.so: ",
         "skipped plugin `stale` ($DIR/stale.toml): library $DIR/libmlxcel_testkit_good.so does not match its manifest: sha256 is ",
-        "skipped plugin `testkit-incompatible-major` ($DIR/testkit-incompatible-major.toml): plugin `testkit-incompatible-major` was built against plugin-api 2.0, which this host (plugin-api 1.3) cannot load",
+        "skipped plugin `testkit-incompatible-major` ($DIR/testkit-incompatible-major.toml): plugin `testkit-incompatible-major` was built against plugin-api 2.0, which this host (plugin-api 1.4) cannot load",
         "skipped plugin `testkit-no-entry` ($DIR/testkit-no-entry.toml): library $DIR/libmlxcel_testkit_no_entry.so lacks the symbol `mlxcel_plugin_api_version`: not built with export_plugin!",
         "skipped plugin `testkit-panicking-identity` ($DIR/testkit-panicking-identity.toml): plugin `testkit-panicking-identity` failed in identity: panicked: plugin panicked in identity: identity is broken in this fixture",
     ];
@@ -217,7 +224,7 @@ fn a_manifest_that_disagrees_with_its_library_refuses_the_plugin() {
     );
     check(
         |m| m.plugin.plugin_api = "1.0".to_owned(),
-        "plugin `testkit-good` disagrees with its manifest on plugin_api: manifest says 1.0, library says 1.3",
+        "plugin `testkit-good` disagrees with its manifest on plugin_api: manifest says 1.0, library says 1.4",
     );
 }
 

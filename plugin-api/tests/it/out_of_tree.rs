@@ -180,7 +180,7 @@ fn synthetic_index(cfg: &TextConfig) -> decoder::Index {
 fn a_plugin_built_against_another_plugin_api_release_of_the_same_major_loads() {
     // abi_stable records the plugin-api package version in every type layout and refuses a
     // plugin whose version is not "loosely compatible" (0.x: same minor; otherwise same major).
-    // The package version therefore follows the ABI (1.3.0), not the workspace: a copy of this
+    // The package version therefore follows the ABI (1.4.0), not the workspace: a copy of this
     // crate released as 1.0.7 stands in for an older release a third party built against.
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let copy = tempfile::tempdir().expect("temp dir");

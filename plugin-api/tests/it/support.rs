@@ -29,7 +29,7 @@ pub(crate) const GOOD: Fixture = Fixture {
     name: "testkit-good",
     architecture: "ToyGoodForConditionalGeneration",
     model_type: "toy_good",
-    plugin_api: "1.3",
+    plugin_api: "1.4",
 };
 pub(crate) const OLDER_MINOR: Fixture = Fixture {
     dir: "older-minor",
@@ -52,6 +52,13 @@ pub(crate) const V1_2: Fixture = Fixture {
     model_type: "toy_v1_2",
     plugin_api: "1.2",
 };
+pub(crate) const V1_3: Fixture = Fixture {
+    dir: "v1-3",
+    name: "testkit-v1-3",
+    architecture: "ToyV13ForConditionalGeneration",
+    model_type: "toy_v1_3",
+    plugin_api: "1.3",
+};
 pub(crate) const INCOMPATIBLE_MAJOR: Fixture = Fixture {
     dir: "incompatible-major",
     name: "testkit-incompatible-major",
@@ -64,32 +71,32 @@ pub(crate) const PANICKING: Fixture = Fixture {
     name: "testkit-panicking",
     architecture: "ToyPanickingForConditionalGeneration",
     model_type: "toy_panicking",
-    plugin_api: "1.3",
+    plugin_api: "1.4",
 };
 pub(crate) const PANICKING_IDENTITY: Fixture = Fixture {
     dir: "panicking-identity",
     name: "testkit-panicking-identity",
     architecture: "ToyPanickingIdentityForConditionalGeneration",
     model_type: "toy_panicking_identity",
-    plugin_api: "1.3",
+    plugin_api: "1.4",
 };
 pub(crate) const DUPLICATE: Fixture = Fixture {
     dir: "duplicate",
     name: "testkit-duplicate",
     architecture: "ToyGoodForConditionalGeneration",
     model_type: "toy_duplicate",
-    plugin_api: "1.3",
+    plugin_api: "1.4",
 };
 pub(crate) const NO_ENTRY: Fixture = Fixture {
     dir: "no-entry",
     name: "testkit-no-entry",
     architecture: "ToyNoEntryForConditionalGeneration",
     model_type: "toy_no_entry",
-    plugin_api: "1.3",
+    plugin_api: "1.4",
 };
 
-const ALL: [Fixture; 9] =
-    [GOOD, OLDER_MINOR, V1_1, V1_2, INCOMPATIBLE_MAJOR, PANICKING, PANICKING_IDENTITY, DUPLICATE, NO_ENTRY];
+const ALL: [Fixture; 10] =
+    [GOOD, OLDER_MINOR, V1_1, V1_2, V1_3, INCOMPATIBLE_MAJOR, PANICKING, PANICKING_IDENTITY, DUPLICATE, NO_ENTRY];
 
 /// The version every toy fixture reports (`mlxcel_testkit_toy::VERSION`).
 pub(crate) const TOY_VERSION: &str = "0.3.1";

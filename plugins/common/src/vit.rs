@@ -10,16 +10,27 @@
 use std::collections::HashMap;
 
 use mlxcel_emit::{Elem, Func, Global, Module, NumericContract, Tiles, Type, Value};
-use mlxcel_plugin_api::{EncoderTarget, RVec, TensorSpec};
+use mlxcel_plugin_api::{EncoderCompute, EncoderTarget, PluginError, RVec, TensorSpec};
 
 use crate::config::WeightDtype;
 
-/// The contract an encoder graph computes under on `target`: f32 (a 16-bit checkpoint's weights
-/// widened inside the graph), its weights tiled for the target's vectors
+/// The contract an encoder graph computes under on `target` in `compute`: f32 (a 16-bit
+/// checkpoint's weights widened inside the graph) or bf16 (torch's bf16 on the CPU, with the
+/// sums `compute` names), its weights tiled for the target's vectors
 /// (`NumericContract::for_vectors`), f32 ones as 16-bit ones since an encoder contracts only
 /// many rows (`NumericContract::for_many_rows`); tiles change no result.
-pub fn encoder_contract(target: &EncoderTarget) -> NumericContract {
-    NumericContract::f32().for_vectors(target.vector_bits()).for_many_rows()
+pub fn encoder_contract(target: &EncoderTarget, compute: EncoderCompute) -> NumericContract {
+    compute.contract().for_vectors(target.vector_bits()).for_many_rows()
+}
+
+/// Refuses every compute but f32, for a family whose encoder computes in f32 only.
+pub fn f32_only(compute: EncoderCompute, family: &str) -> Result<(), PluginError> {
+    match compute {
+        EncoderCompute::F32 => Ok(()),
+        other => {
+            Err(PluginError::unsupported(format!("the {family} encoder computes in f32 only, not in {}", other.name())))
+        }
+    }
 }
 
 /// An encoder weight as its module declares it: the global, and the tiles a matrix is
@@ -175,12 +186,14 @@ impl Tower<'_> {
             f.reshape(&s, &[n, heads, d])
         };
         let (q, k, val) = (part(f, 0), part(f, 1), part(f, 2));
-        let q = rope(f, &q, cos, sin);
-        let k = rope(f, &k, cos, sin);
-        // scores [heads, n, n]
+        let q = rope(&self.c, f, &q, cos, sin);
+        let k = rope(&self.c, f, &k, cos, sin);
+        // scores [heads, n, n], scaled as a tensor times a Python number; the f32 mask (0 or
+        // negative infinity) is added to them widened, exactly, as the softmax reads them in f32
+        // (the reference attends within each image instead).
         let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
-        let scale = f.splat(scores.ty(), 1.0 / (d as f64).sqrt());
-        let scores = f.mul(&scores, &scale);
+        let scores = self.c.act_scale(f, &scores, 1.0 / (d as f64).sqrt());
+        let scores = f.convert(&scores, Elem::F32);
         let mb = f.broadcast(mask, &[heads, n, n], &[1, 2]);
         let masked = f.add(&scores, &mb);
         let probs = self.c.softmax(f, &masked);
@@ -219,8 +232,8 @@ impl Tower<'_> {
         let mut k = project(f, "k_proj");
         let val = project(f, "v_proj");
         if let Some((cos, sin)) = options.rotary {
-            q = rope(f, &q, cos, sin);
-            k = rope(f, &k, cos, sin);
+            q = rope(&self.c, f, &q, cos, sin);
+            k = rope(&self.c, f, &k, cos, sin);
         }
         // scores [heads, n, n] = q k^T, then scaled (torch: matmul(q, k^T) * scaling).
         let scores = self.c.matmul(f, &q, &k, (&[1], &[1]), (&[2], &[2]));
@@ -387,20 +400,24 @@ pub fn rotary_2d(f: &mut Func, positions: &Value, head_dim: usize, theta: f64) -
     NumericContract::f32().cos_sin(f, &freqs)
 }
 
-/// `x * cos + rotate_half(x) * sin` for `x [n, heads, d]` and tables `[n, d]`.
-pub fn rope(f: &mut Func, x: &Value, cos: &Value, sin: &Value) -> Value {
+/// `x * cos + rotate_half(x) * sin` for `x [n, heads, d]` and f32 tables `[n, d]`, as the
+/// towers' `apply_rotary_pos_emb_vision` computes it: `x` widened to f32, the rotation in f32,
+/// rounded once to `c`'s activations (no rounding under f32).
+pub fn rope(c: &NumericContract, f: &mut Func, x: &Value, cos: &Value, sin: &Value) -> Value {
     let s = x.shape().to_vec();
     let (n, h, d) = (s[0], s[1], s[2]);
     let half = d / 2;
-    let x1 = f.slice(x, &[0, 0, 0], &[n, h, half]);
-    let x2 = f.slice(x, &[0, 0, half], &[n, h, d]);
+    let x = f.convert(x, Elem::F32);
+    let x1 = f.slice(&x, &[0, 0, 0], &[n, h, half]);
+    let x2 = f.slice(&x, &[0, 0, half], &[n, h, d]);
     let nx2 = f.neg(&x2);
     let rot = f.concat(&[nx2, x1], 2);
     let cb = f.broadcast(cos, &s, &[0, 2]);
     let sb = f.broadcast(sin, &s, &[0, 2]);
-    let a = f.mul(x, &cb);
+    let a = f.mul(&x, &cb);
     let r = f.mul(&rot, &sb);
-    f.add(&a, &r)
+    let y = f.add(&a, &r);
+    c.round(f, &y)
 }
 
 /// `AvgPool2d(k, stride=k)` over the `side x side` grid of patch rows `x [side * side, e]`
@@ -461,7 +478,7 @@ mod tests {
     fn one_linear(target: EncoderTarget, weights: WeightDtype) -> String {
         let mut m = Module::new("t");
         let parameters = [("v/fc.weight".to_owned(), vec![64, 8]), ("v/fc.bias".to_owned(), vec![64])];
-        let c = encoder_contract(&target);
+        let c = encoder_contract(&target, EncoderCompute::F32);
         let globals = declare_parameters(&mut m, &parameters, weights, &c);
         let tower = Tower { c, globals: &globals, prefix: "v/", eps: 1e-6 };
         let (mut func, a) = m.func("main", &[Type::new(Elem::F32, &[4, 8])]);

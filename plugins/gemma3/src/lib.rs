@@ -25,9 +25,9 @@ mod vision;
 use mlxcel_plugin_api::decoder::presets;
 use mlxcel_plugin_api::decoder::spec::{DecoderSpec, Head};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
-    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Gemma3Config;
@@ -90,7 +90,9 @@ impl FamilyPlugin for Gemma3 {
         config: &Gemma3Config,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        mlxcel_family_common::vit::f32_only(compute, "gemma3")?;
         vision::graph(config, request, target)
     }
 

@@ -25,7 +25,8 @@ use mlxcel_family_common::vit::{
     Tower, avg_pool_grid, declare_parameters, encoder_contract, parameter_specs, pre_norm_layer_parameters,
 };
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError,
+    ShapeBucket, TensorSpec,
 };
 
 use crate::config::Gemma3Config;
@@ -81,7 +82,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     if request.modality != Modality::Image || request.bucket.as_str() != BUCKET {
         return Err(PluginError::unsupported(format!(
             "no {} encoder bucket `{}` (gemma3 has `{BUCKET}`)",

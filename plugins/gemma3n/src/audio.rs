@@ -38,7 +38,8 @@
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, RmsStyle, Type, Value};
 use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, parameter_specs};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError,
+    ShapeBucket, TensorSpec,
 };
 
 use crate::config::{AudioConfig, CONFORMER_NORM_EPS, Gemma3nConfig};
@@ -153,7 +154,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     let frames = bucket_frames(config).into_iter().find(|&f| request.bucket.as_str() == bucket_id(f));
     let (Modality::Audio, Some(frames)) = (request.modality, frames) else {
         return Err(PluginError::unsupported(format!(

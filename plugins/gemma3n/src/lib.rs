@@ -25,9 +25,9 @@ mod prompt;
 
 use mlxcel_plugin_api::decoder::spec::DecoderSpec;
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
-    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Gemma3nConfig;
@@ -87,7 +87,9 @@ impl FamilyPlugin for Gemma3n {
         config: &Gemma3nConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        mlxcel_family_common::vit::f32_only(compute, "gemma3n")?;
         audio::graph(config, request, target)
     }
 

@@ -21,9 +21,9 @@ mod prompt;
 mod vision;
 
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
-    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::LlavaConfig;
@@ -82,7 +82,9 @@ impl FamilyPlugin for Llava {
         config: &LlavaConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        mlxcel_family_common::vit::f32_only(compute, "llava")?;
         vision::graph(config, request, target)
     }
 

@@ -18,7 +18,8 @@ use mlxcel_family_common::vit::{
     Tower, declare_parameters, encoder_contract, parameter_specs, pre_norm_layer_parameters,
 };
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError,
+    ShapeBucket, TensorSpec,
 };
 
 use crate::config::{Act, LlavaConfig, SelectStrategy};
@@ -82,7 +83,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     if request.modality != Modality::Image || request.bucket.as_str() != bucket_id(config) {
         return Err(PluginError::unsupported(format!(
             "no {} encoder bucket `{}` (llava has `{}`)",

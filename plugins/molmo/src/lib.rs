@@ -25,10 +25,10 @@ use mlxcel_family_common::Image;
 use mlxcel_plugin_api::decoder::presets;
 use mlxcel_plugin_api::decoder::spec::{DecoderSpec, WeightLayout};
 use mlxcel_plugin_api::{
-    AttentionMask, Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget,
-    ErrorCode, FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PlaceMode,
-    PluginError, PluginIdentity, Positions, PrefillProgram, PreprocessOptions, Preprocessed, ProgramPlacement,
-    PromptLayout, RVec, ShapeBucket, Tensor, TensorSpec, TokenSet,
+    AttentionMask, Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph,
+    EncoderGraphRequest, EncoderTarget, ErrorCode, FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem,
+    Modality, ParsedConfig, PlaceMode, PluginError, PluginIdentity, Positions, PrefillProgram, PreprocessOptions,
+    Preprocessed, ProgramPlacement, PromptLayout, RVec, ShapeBucket, Tensor, TensorSpec, TokenSet,
 };
 
 pub use config::MolmoConfig;
@@ -91,7 +91,9 @@ impl FamilyPlugin for Molmo {
         config: &MolmoConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        mlxcel_family_common::vit::f32_only(compute, "molmo")?;
         vision::graph(config, request, target)
     }
 

@@ -25,7 +25,8 @@
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, Type, Value};
 use mlxcel_family_common::vit::{Tower, attend, declare_parameters, encoder_contract, parameter_specs};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError,
+    ShapeBucket, TensorSpec,
 };
 
 use crate::config::MolmoConfig;
@@ -130,7 +131,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     let list = bucket_list(config);
     let bucket = list.iter().copied().find(|b| b.id() == request.bucket.as_str());
     let (Modality::Image, Some(bucket)) = (request.modality, bucket) else {

@@ -27,9 +27,9 @@ use mlxcel_family_common::Image;
 use mlxcel_plugin_api::decoder::presets;
 use mlxcel_plugin_api::decoder::spec::{Attention, DecoderSpec, NormPlacement, Norms, QkNormScope, WeightLayout};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode,
-    FamilyPlugin, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
-    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket, Tensor, TensorSpec,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, ErrorCode, FamilyPlugin, LayoutRequest, MediaGrid, MediaItem, Modality, ParsedConfig, PluginError,
+    PluginIdentity, PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket, Tensor, TensorSpec,
 };
 
 pub use config::Molmo2Config;
@@ -95,7 +95,9 @@ impl FamilyPlugin for Molmo2 {
         config: &Molmo2Config,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        mlxcel_family_common::vit::f32_only(compute, "molmo2")?;
         vision::graph(config, request, target)
     }
 

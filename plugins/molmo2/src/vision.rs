@@ -25,7 +25,8 @@
 use mlxcel_emit::{Compare, Elem, Func, Module, NumericContract, Reduce, Type, Value};
 use mlxcel_family_common::vit::{Tower, attend, declare_parameters, encoder_contract, parameter_specs};
 use mlxcel_plugin_api::{
-    DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError, ShapeBucket, TensorSpec,
+    DType, EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, ErrorCode, Modality, PluginError,
+    ShapeBucket, TensorSpec,
 };
 
 use crate::config::Molmo2Config;
@@ -149,7 +150,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     let p = config.processor()?;
     let bucket = bucket_list(&p).into_iter().find(|b| b.id() == request.bucket.as_str());
     let (Modality::Image, Some(bucket)) = (request.modality, bucket) else {

@@ -24,7 +24,7 @@
 use mlxcel_emit::{Func, Module, NumericContract, Value};
 use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask, window_keys};
 use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, rotary_2d};
-use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
+use mlxcel_plugin_api::{EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::Qwen25VlConfig;
 
@@ -78,7 +78,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 

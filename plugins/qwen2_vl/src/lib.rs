@@ -20,9 +20,9 @@ use mlxcel_family_common::qwen_vl::{contract, processor, prompt};
 
 use mlxcel_plugin_api::decoder::DecoderSpec;
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
-    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Qwen2VlConfig;
@@ -79,8 +79,9 @@ impl FamilyPlugin for Qwen2Vl {
         config: &Qwen2VlConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
-        vision::graph(config, request, target)
+        vision::graph(config, request, target, compute)
     }
 
     fn prefill_program(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

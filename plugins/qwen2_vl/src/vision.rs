@@ -13,10 +13,11 @@
 //! Buckets, inputs and the image mask are the Qwen-VL families' shared ones
 //! ([`mlxcel_family_common::qwen_vl::vision`]).
 
-use mlxcel_emit::{Func, Module, NumericContract, Value};
+use mlxcel_emit::{Elem, Func, Module, NumericContract, Value};
+use mlxcel_family_common::config::WeightDtype;
 use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask};
 use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, rotary_2d};
-use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
+use mlxcel_plugin_api::{EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::Qwen2VlConfig;
 
@@ -69,8 +70,16 @@ pub(crate) fn graph(
     config: &Qwen2VlConfig,
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
+    compute: EncoderCompute,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    if compute != EncoderCompute::F32 && config.qwen.weights != WeightDtype::BF16 {
+        return Err(PluginError::unsupported(format!(
+            "the Qwen2-VL encoder computes in {} on a bf16 checkpoint only (this one stores {:?})",
+            compute.name(),
+            config.qwen.weights
+        )));
+    }
+    let c = encoder_contract(target, compute);
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 
@@ -87,23 +96,27 @@ pub(crate) fn emit(config: &Qwen2VlConfig, n: usize, c: NumericContract) -> Resu
 
     let kernel = tower.t(f, "patch_embed.proj.weight");
     let kernel = f.reshape(&kernel, &[v.embed_dim, width]);
-    let mut x = c.linear(f, &a[0], &kernel, None);
+    // The reference casts the pixels to the kernel's dtype before the convolution.
+    let pixels = c.round(f, &a[0]);
+    let mut x = c.linear(f, &pixels, &kernel, None);
     let (cos, sin) = rotary_2d(f, &a[1], v.head_dim(), v.rope_theta);
     let images = image_keys(f, &a[2]);
     let mask = same_keys_mask(f, &[&images]);
     for i in 0..v.depth {
         let h = tower.layer_norm(f, &x, &format!("blocks.{i}.norm1"));
         let attn = tower.rotary_attention(f, &h, &format!("blocks.{i}.attn"), v.num_heads, (&cos, &sin), &mask);
-        x = f.add(&x, &attn);
+        x = c.residual(f, &x, &attn);
         let h = tower.layer_norm(f, &x, &format!("blocks.{i}.norm2"));
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.fc1"));
         let h = v.hidden_act.apply(c, f, &h);
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.fc2"));
-        x = f.add(&x, &h);
+        x = c.residual(f, &x, &h);
     }
     let norm = |f: &mut Func, x: &Value| tower.layer_norm(f, x, "merger.ln_q");
     let gelu = |f: &mut Func, x: &Value| c.gelu_erf(f, x);
     let out = tower.patch_merger(f, &x, g.merge_area(), norm, ["merger.mlp.0", "merger.mlp.2"], gelu);
+    // The features leave in f32 whatever the compute: widening bf16 is exact.
+    let out = f.convert(&out, Elem::F32);
     m.add_func(func, &[out]);
     m.finish()
 }
@@ -119,12 +132,12 @@ mod tests {
     fn the_graph_emits_for_the_fixture_with_its_declared_signature() {
         let config = fixture_config();
         let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-64".into() };
-        let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
+        let g = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::F32).expect("graph");
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
         assert_eq!(g.parameters.len(), 1 + 12 * 2 + 6);
         assert!(g.stablehlo.contains("\"model\"::\"visual/merger.mlp.2.bias\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
-        assert!(graph(&config, &bad, &EncoderTarget::unknown()).is_err());
+        assert!(graph(&config, &bad, &EncoderTarget::unknown(), EncoderCompute::F32).is_err());
     }
 }

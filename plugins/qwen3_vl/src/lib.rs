@@ -26,9 +26,9 @@ mod vision;
 use mlxcel_family_common::qwen_vl::{contract, prompt};
 use mlxcel_plugin_api::decoder::{DecoderSpec, presets};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
-    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::Qwen3VlConfig;
@@ -94,7 +94,9 @@ impl FamilyPlugin for Qwen3Vl {
         config: &Qwen3VlConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        mlxcel_family_common::vit::f32_only(compute, "qwen3_vl")?;
         vision::graph(config, request, target)
     }
 

@@ -20,7 +20,7 @@
 use mlxcel_emit::{Func, Module, NumericContract, Value};
 use mlxcel_family_common::qwen_vl::vision::{FEATURES, RowInput, Signature, encoder_graph, image_keys, same_keys_mask};
 use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, rotary_2d};
-use mlxcel_plugin_api::{DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
+use mlxcel_plugin_api::{DType, EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::Qwen3VlConfig;
 use crate::processor::{POS_TAPS, POS_WEIGHTS};
@@ -104,7 +104,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 

@@ -29,9 +29,9 @@ use mlxcel_family_common::qwen_vl::prompt;
 use mlxcel_family_common::qwen_vl::vision::{FEATURES, buckets};
 use mlxcel_plugin_api::decoder::{DecoderSpec, presets};
 use mlxcel_plugin_api::{
-    Capability, ConfigSummary, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin,
-    LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram, PreprocessOptions,
-    Preprocessed, PromptLayout, ShapeBucket,
+    Capability, ConfigSummary, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, ShapeBucket,
 };
 
 pub use config::YoutuVlConfig;
@@ -87,7 +87,9 @@ impl FamilyPlugin for YoutuVl {
         config: &YoutuVlConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        mlxcel_family_common::vit::f32_only(compute, "youtu_vl")?;
         vision::graph(config, request, target)
     }
 

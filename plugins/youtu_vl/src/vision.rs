@@ -27,7 +27,7 @@ use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys
 use mlxcel_family_common::vit::{
     AttentionOptions, Tower, declare_parameters, encoder_contract, pre_norm_layer_parameters, rotary_2d,
 };
-use mlxcel_plugin_api::{EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
+use mlxcel_plugin_api::{EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::{VISION_ROPE_THETA, YoutuVlConfig};
 
@@ -72,7 +72,7 @@ pub(crate) fn graph(
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target);
+    let c = encoder_contract(target, EncoderCompute::F32);
     encoder_graph(config, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 

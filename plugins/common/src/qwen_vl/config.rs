@@ -241,12 +241,7 @@ impl VisionAct {
         x: &mlxcel_emit::Value,
     ) -> mlxcel_emit::Value {
         match self {
-            VisionAct::QuickGelu => {
-                let k = f.splat(x.ty(), 1.702);
-                let kx = f.mul(&k, x);
-                let s = f.logistic(&kx);
-                f.mul(x, &s)
-            }
+            VisionAct::QuickGelu => c.quick_gelu(f, x),
             VisionAct::Gelu => c.gelu_erf(f, x),
             VisionAct::GeluPytorchTanh => c.gelu_tanh(f, x),
             VisionAct::Silu => c.silu(f, x),

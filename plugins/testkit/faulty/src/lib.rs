@@ -17,9 +17,9 @@ use std::time::Duration;
 use mlxcel_family_qwen2_vl::{Qwen2Vl, Qwen2VlConfig};
 use mlxcel_plugin_api::decoder::DecoderSpec;
 use mlxcel_plugin_api::{
-    CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderGraph, EncoderGraphRequest, EncoderTarget,
-    FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, PrefillProgram,
-    PreprocessOptions, Preprocessed, PromptLayout, RVec, ShapeBucket,
+    CheckpointIndex, CheckpointReport, ContractRequest, DType, EncoderCompute, EncoderGraph, EncoderGraphRequest,
+    EncoderTarget, FamilyPlugin, LayoutRequest, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity,
+    PrefillProgram, PreprocessOptions, Preprocessed, PromptLayout, RVec, ShapeBucket,
 };
 
 /// Width of an image whose preprocessing panics.
@@ -89,8 +89,9 @@ impl FamilyPlugin for Faulty {
         config: &Qwen2VlConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
-        Qwen2Vl::encoder_graph(config, request, target)
+        Qwen2Vl::encoder_graph(config, request, target, compute)
     }
 
     fn prefill_program(config: &Qwen2VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

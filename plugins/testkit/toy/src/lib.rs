@@ -12,10 +12,11 @@ use std::marker::PhantomData;
 
 use mlxcel_plugin_api::decoder::{self, DecoderSpec, presets};
 use mlxcel_plugin_api::{
-    AttentionMask, Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType, EncoderGraph,
-    EncoderGraphRequest, EncoderTarget, FamilyPlugin, ItemLayout, LayoutRequest, MediaGrid, MediaItem, Modality,
-    ParsedConfig, PluginError, PluginIdentity, Positions, PrefillProgram, PreprocessOptions, Preprocessed,
-    ProgramPlacement, PromptLayout, RString, RVec, ShapeBucket, SpecialToken, Tensor, TensorSpec,
+    AttentionMask, Capability, CheckpointIndex, CheckpointReport, ConfigSummary, ContractRequest, DType,
+    EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, FamilyPlugin, ItemLayout, LayoutRequest,
+    MediaGrid, MediaItem, Modality, ParsedConfig, PluginError, PluginIdentity, Positions, PrefillProgram,
+    PreprocessOptions, Preprocessed, ProgramPlacement, PromptLayout, RString, RVec, ShapeBucket, SpecialToken, Tensor,
+    TensorSpec,
 };
 use serde::{Deserialize, Serialize};
 
@@ -262,7 +263,14 @@ impl<V: Variant> FamilyPlugin for Toy<V> {
         config: &ToyConfig,
         request: &EncoderGraphRequest,
         target: &EncoderTarget,
+        compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
+        if compute != EncoderCompute::F32 {
+            return Err(PluginError::unsupported(format!(
+                "the toy encoder computes in f32 only, not in {}",
+                compute.name()
+            )));
+        }
         let n: u64 = request
             .bucket
             .strip_prefix("patches-")
