@@ -1013,14 +1013,16 @@ impl<'a> Encoders<'a> {
             let vector_bits = Target::Cpu { cpu: self.device_args.target_cpu.clone() }.vector_bits();
             let graph = plugin.encoder_graph(config, &request, &EncoderTarget::new(vector_bits), self.compute)?;
             let name = format!("{}-{}-{}", plugin.name(), modality.as_str(), bucket.id);
-            let flags = ENCODER_FLAGS.map(String::from);
+            let record = self.compute.contract().for_vectors(vector_bits).for_many_rows();
+            let mut flags = ENCODER_FLAGS.map(String::from).to_vec();
+            flags.extend(mlxcel_host::decoder::contract_flags(&record));
             // The contract the plugin emitted under, over the dtypes the graph declares its
             // weights in (f32: a bf16 or f16 checkpoint's weights widened inside the graph).
             let mut sources: Vec<String> =
                 graph.parameters.iter().map(|p| format!("{:?}", p.dtype).to_lowercase()).collect();
             sources.sort();
             sources.dedup();
-            let contract = (self.compute.contract().for_vectors(vector_bits).for_many_rows(), sources);
+            let contract = (record, sources);
             let artifact = compile(&name, &graph.stablehlo, &flags, Some(contract), self.device_args)?;
             if self.device.is_none() {
                 let driver: Driver = self.device_args.driver.parse()?;

@@ -16,6 +16,17 @@ use mlxcel_decoder::{
     graph::{self, BundleShape},
 };
 
+/// The compiler flags a module emitted under `contract` needs beyond the target's, the
+/// decoder's and the encoders' alike: bf16 activations summed in pairs contract bf16 weights in
+/// tiles of 16 rows by 2 inputs (`NumericContract::linear_tiled`), the tile of IREE's bf16 mmt4d
+/// microkernel, which runs them at up to 1.6 times the rate of the generated code for f32
+/// activations (on CPUs with AVX512-BF16 only; summed in order they take the f32 tiles and
+/// generated code).
+pub fn contract_flags(contract: &NumericContract) -> Vec<String> {
+    let pairs = contract.activations == Elem::BF16 && contract.bf16_dot == mlxcel_emit::Bf16Dot::Pairs;
+    if pairs { vec!["--iree-llvmcpu-enable-ukernels=mmt4d".to_owned()] } else { Vec::new() }
+}
+
 /// What a bundle is compiled for.
 #[derive(Clone, Debug)]
 pub struct DecoderOptions {
@@ -215,13 +226,7 @@ impl Decoder {
         if quantized || weights != Elem::F32 {
             flags.push("--iree-llvmcpu-reassociate-fp-reductions=true".to_owned());
         }
-        // bf16 activations summed in pairs contract bf16 weights in tiles of 16 rows by 2 inputs
-        // (`NumericContract::linear_tiled`), the tile of IREE's bf16 mmt4d microkernel, which
-        // runs them at up to 1.6 times the rate of the generated code for f32 activations (on
-        // CPUs with AVX512-BF16 only; summed in order they take the f32 tiles and generated code).
-        if contract.activations == Elem::BF16 && contract.bf16_dot == mlxcel_emit::Bf16Dot::Pairs {
-            flags.push("--iree-llvmcpu-enable-ukernels=mmt4d".to_owned());
-        }
+        flags.extend(contract_flags(&contract));
         if quantized {
             // Reassociated, a norm over a dequantized embedding row keeps a 48 KiB vector on the
             // stack, over IREE's default 32 KiB limit; local-task workers have 128 KiB stacks

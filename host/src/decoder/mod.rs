@@ -7,7 +7,7 @@
 mod bundle;
 
 pub use bundle::{
-    Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions, checkpoint_index, chunk_spans, span,
-    weights_identity,
+    Decoder, DecoderError, DecoderOptions, Extras, Fingerprint, Logits, Positions, checkpoint_index, chunk_spans,
+    contract_flags, span, weights_identity,
 };
 pub use mlxcel_decoder::{BundleShape, TextConfig, config, graph};
