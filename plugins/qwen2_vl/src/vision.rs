@@ -140,4 +140,21 @@ mod tests {
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
         assert!(graph(&config, &bad, &EncoderTarget::unknown(), EncoderCompute::F32).is_err());
     }
+
+    /// bf16 compute is offered on a bf16 checkpoint only, and its features still leave in f32.
+    #[test]
+    fn bf16_compute_is_offered_on_a_bf16_checkpoint_only() {
+        let mut config = fixture_config();
+        let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-64".into() };
+        let err = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::Bf16Pairs)
+            .expect_err("an f32 checkpoint");
+        assert!(err.message.contains("on a bf16 checkpoint only"), "{}", err.message);
+        config.qwen.weights = WeightDtype::BF16;
+        let g = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::Bf16Pairs).expect("bf16");
+        let f32_graph = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::F32).expect("f32");
+        assert_ne!(g.stablehlo, f32_graph.stablehlo);
+        assert!(g.stablehlo.contains("linalg.mmt4d"), "bf16 weights in the pair tiles");
+        assert_eq!(g.outputs[0].dtype, mlxcel_plugin_api::DType::F32);
+        assert!(g.stablehlo.contains("-> tensor<16x64xf32>"), "the features widened to f32");
+    }
 }
