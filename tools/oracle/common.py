@@ -756,7 +756,7 @@ def vlm_fixture(
 
     fixture = FIXTURES / name
     print(f"{name}:", flush=True)
-    out = stage_dir(fixture, check)
+    out = stage_dir(fixture, check, run_dtype)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     files = {
