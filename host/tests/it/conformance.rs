@@ -55,10 +55,12 @@ const BF16_COMPUTE: &[&str] = &["--compute", "bf16", mlxcel_plugin_api::ALLOW_UN
 /// qwen2_vl_bf16_compute's long prompt: the encoder's features and the merged embeddings are
 /// bit for bit, and so are the prompt logits of rows 0 to 63; from row 64 (the first text row
 /// after the image) the decoder's logits differ by up to 3.1e-2 (2 bf16 steps at those rows'
-/// scale), its 6 golden tokens agreeing. transformers' logits do not move when its attention
-/// products are summed in f32 or in order, or its softmax or SiLU computed in f64, so the op is
-/// one of the decoder's f32 transcendentals (`exp`, `rsqrt`), not torch's to the last bit,
-/// rounding one bf16 value the other way, as Gemma 3's long prompt does in the text test.
+/// scale), its 6 golden tokens agreeing. The first divergent op is the second layer's RMSNorm of
+/// row 64: its mean of squares is an f32 sum whose order the contract leaves to the backend, and
+/// torch's (16 vector lanes, then across them) puts one normalized value on the other side of a
+/// bf16 rounding; summed in order or in f64, torch's own row 64 rounds the other way too, and no
+/// other row moves. (The first layer's output is bit for bit: with the second layer made the
+/// identity, every logit is.)
 const BF16_COMPUTE_DIFFERENCES: &[(&str, &str, &str)] =
     &[("qwen2_vl_bf16_compute", "long", "stage logits: first divergence at flat index 28675 [64, 3]")];
 
