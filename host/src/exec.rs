@@ -44,8 +44,9 @@ pub(crate) enum Compute {
     /// (qualified: at parity with transformers in f32 on the same stored weights).
     F32,
     /// bf16 activations with f32 accumulation, on a bf16 checkpoint, the encoders of the families
-    /// that offer it (Qwen2-VL's) included (experimental: transformers in bf16 bit for bit on
-    /// small fixtures but for one softmax rounding, in either of its sums; faster than f32 only
+    /// whose plugins offer it included (experimental: transformers in bf16 bit for bit on
+    /// small fixtures but for single roundings in one softmax and one RMSNorm, in either of its
+    /// sums; faster than f32 only
     /// with AVX512-BF16). Its linears sum as the target CPU can
     /// ([`mlxcel_emit::Bf16Dot::for_cpu`]).
     Bf16,
@@ -64,8 +65,8 @@ impl Compute {
         match self {
             Compute::F32 => Ok(None),
             Compute::Bf16 if !allow_unqualified => bail!(
-                "--compute bf16 is experimental (transformers in bf16 bit for bit on small fixtures but for one \
-                 softmax rounding, not qualified); pass --allow-unqualified to use it"
+                "--compute bf16 is experimental (transformers in bf16 bit for bit on small fixtures but for single \
+                 roundings in one softmax and one RMSNorm, not qualified); pass --allow-unqualified to use it"
             ),
             Compute::Bf16 => {
                 let avx512_bf16 = Target::Cpu { cpu: target_cpu.to_owned() }.has_avx512_bf16();
