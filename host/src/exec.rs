@@ -46,8 +46,7 @@ pub(crate) enum Compute {
     /// bf16 activations with f32 accumulation, on a bf16 checkpoint, the encoders of the families
     /// whose plugins offer it included (experimental: transformers in bf16 bit for bit on
     /// small fixtures but for single roundings in one softmax and one RMSNorm, in either of its
-    /// sums; faster than f32 only
-    /// with AVX512-BF16). Its linears sum as the target CPU can
+    /// sums; faster than f32 only with AVX512-BF16). Its linears sum as the target CPU can
     /// ([`mlxcel_emit::Bf16Dot::for_cpu`]).
     Bf16,
 }
