@@ -45,7 +45,8 @@ pub(crate) struct GenerateArgs {
     #[arg(long)]
     allow_unqualified: bool,
     /// The text decoder's activations: f32 (for f32 and bf16 checkpoints alike) or bf16
-    /// (experimental, text only, needs --allow-unqualified).
+    /// (experimental, needs --allow-unqualified; images where the family's plugin offers a bf16
+    /// encoder).
     #[arg(long, value_enum, default_value = "f32")]
     compute: Compute,
     #[command(flatten)]

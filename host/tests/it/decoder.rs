@@ -905,21 +905,7 @@ fn rotary_tables_hold_at_the_positions_of_long_contexts() {
     let (mut f, a) = m.func("tables", &[Type::new(Elem::F32, &[n])]);
     let (cos, sin) = NumericContract::f32().cos_sin(&mut f, &a[0]);
     m.add_func(f, &[cos, sin]);
-    let mlir = m.finish().expect("valid");
-    let compiler = Compiler::locate().expect("compiler");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let target = Target::host_cpu();
-    let request = mlxcel_shim::CompileRequest {
-        name: "rotary",
-        mlir: &mlir,
-        target: &target,
-        flags: &[],
-        key_parts: &[],
-        contract: None,
-    };
-    let artifact = CompileCache::new(dir.path()).get_or_compile(&compiler, &request).expect("compiles").0;
-    let device = Device::new(Driver::LocalSync).expect("device");
-    let session = mlxcel_shim::Session::new(&device, None, &[&artifact]).expect("session");
+    let session = compiled(m, "rotary");
     let x = mlxcel_shim::HostTensor::from_slice(vec![n], &angles).expect("angles");
     let out = session.call("rotary.tables", &[mlxcel_shim::Arg::from(&x)]).expect("runs");
     let read = |i: usize| out[i].to_host().expect("read").to_vec::<f32>().expect("f32");
@@ -931,4 +917,95 @@ fn rotary_tables_hold_at_the_positions_of_long_contexts() {
             .fold((0.0, 0.0), |w, e| if e.0 > w.0 { e } else { w });
         assert!(worst <= 1e-6, "{name} is off by {worst:e} at the angle {at}");
     }
+}
+
+/// Mutation-sensitive: under bf16 activations an RMSNorm's mean of squares is torch's to the bit
+/// (`tests/fixtures/torch_sums`, made by `tools/oracle/gen_torch_sums.py`). The contract's
+/// `mean_last` of bf16-valued rows at widths 4 to 16,384 (under one vector, a scalar tail,
+/// leftover vectors, one to three levels of torch's cascade) and its plain `rms_norm` of the rows
+/// up to 3584 wide, compiled and run, equal torch's `x.float().pow(2).mean(-1)` and transformers'
+/// `Qwen2RMSNorm` in bf16. The f32 contract's mean (the backend's order) is run beside it and
+/// differs from torch's at real widths, so the order is what this holds.
+#[test]
+fn bf16_rms_norm_sums_as_torch() {
+    use mlxcel_emit::{Bf16Dot, Elem, Module, NumericContract, RmsStyle, Type};
+    use mlxcel_shim::{Arg, DType, HostTensor};
+    let bytes = std::fs::read(fixture("torch_sums").join("sums.safetensors")).expect("torch_sums fixture");
+    let golden = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut widths: Vec<usize> =
+        golden.names().iter().filter_map(|n| n.strip_prefix("x.")).map(|w| w.parse().expect("width")).collect();
+    widths.sort();
+    assert!(widths.len() >= 8 && widths.contains(&1536) && widths.contains(&16384), "{widths:?}");
+    let bf16 = NumericContract::bf16(Bf16Dot::Pairs);
+    let mut m = Module::new("sums");
+    for &n in &widths {
+        let x = golden.tensor(&format!("x.{n}")).expect("x");
+        let ty = Type::new(Elem::BF16, x.shape());
+        let (mut f, a) = m.func(&format!("mean_{n}"), std::slice::from_ref(&ty));
+        let xa = f.convert(&a[0], Elem::F32);
+        let sq = f.mul(&xa, &xa);
+        let torch_order = bf16.mean_last(&mut f, &sq);
+        let backend_order = NumericContract::f32().mean_last(&mut f, &sq);
+        m.add_func(f, &[torch_order, backend_order]);
+        if golden.tensor(&format!("rms_norm.{n}")).is_ok() {
+            let (mut f, a) = m.func(&format!("norm_{n}"), &[ty, Type::new(Elem::BF16, &[n])]);
+            let eps: f64 = golden_eps(&bytes);
+            let y = bf16.rms_norm(&mut f, &a[0], &a[1], eps, RmsStyle::Plain);
+            m.add_func(f, &[y]);
+        }
+    }
+    let session = compiled(m, "sums");
+    let host = |name: &str| {
+        let t = golden.tensor(name).expect("tensor");
+        HostTensor::from_bytes(DType::BF16, t.shape().to_vec(), t.data().to_vec()).expect("bf16 tensor")
+    };
+    let mut backend_differs = 0;
+    for &n in &widths {
+        let x = host(&format!("x.{n}"));
+        let out = session.call(&format!("sums.mean_{n}"), &[Arg::from(&x)]).expect("runs");
+        let read = |i: usize| out[i].to_host().expect("read").to_vec::<f32>().expect("f32");
+        let want: Vec<f32> = golden
+            .tensor(&format!("mean_square.{n}"))
+            .expect("means")
+            .data()
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        let (ours, backend) = (read(0), read(1));
+        let differ = |got: &[f32]| got.iter().zip(&want).filter(|(g, w)| g.to_bits() != w.to_bits()).count();
+        assert_eq!(differ(&ours), 0, "width {n}: means of squares unlike torch's: {ours:?} against {want:?}");
+        if n >= 1152 {
+            backend_differs += differ(&backend);
+        }
+        if golden.tensor(&format!("rms_norm.{n}")).is_ok() {
+            let w = host(&format!("weight.{n}"));
+            let out = session.call(&format!("sums.norm_{n}"), &[Arg::from(&x), Arg::from(&w)]).expect("runs");
+            let got = out[0].to_host().expect("read");
+            let want = golden.tensor(&format!("rms_norm.{n}")).expect("norm");
+            let differ = got.bytes().chunks(2).zip(want.data().chunks(2)).filter(|(g, w)| g != w).count();
+            assert_eq!(differ, 0, "width {n}: {differ} normalized bf16 values unlike transformers'");
+        }
+    }
+    assert!(backend_differs > 0, "the backend's order gave torch's sums too: this holds no order");
+}
+
+/// `m`, compiled for this machine's CPU (in a cache of its own) as `name` and loaded on a
+/// local-sync device.
+fn compiled(m: mlxcel_emit::Module, name: &str) -> mlxcel_shim::Session {
+    let mlir = m.finish().expect("valid");
+    let compiler = Compiler::locate().expect("compiler");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = Target::host_cpu();
+    let request =
+        mlxcel_shim::CompileRequest { name, mlir: &mlir, target: &target, flags: &[], key_parts: &[], contract: None };
+    let artifact = CompileCache::new(dir.path()).get_or_compile(&compiler, &request).expect("compiles").0;
+    let device = Device::new(Driver::LocalSync).expect("device");
+    mlxcel_shim::Session::new(&device, None, &[&artifact]).expect("session")
+}
+
+/// The RMSNorm epsilon `tools/oracle/gen_torch_sums.py` recorded in the safetensors metadata.
+fn golden_eps(bytes: &[u8]) -> f64 {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).expect("header");
+    let eps = meta.metadata().as_ref().and_then(|m| m.get("eps")).expect("eps recorded");
+    eps.parse().expect("eps")
 }

@@ -1059,10 +1059,7 @@ impl Emitter<'_> {
     fn mean_square(&self, f: &mut Func, x: &Value) -> Value {
         let xa = f.convert(x, self.c.accumulate);
         let sq = f.mul(&xa, &xa);
-        let last = x.shape().len() - 1;
-        let sum = f.reduce(&sq, &[last], mlxcel_emit::Reduce::Sum);
-        let n = f.splat(sum.ty(), x.shape()[last] as f64);
-        f.div(&sum, &n)
+        self.c.mean_last(f, &sq)
     }
 
     /// `y` rescaled to `target`'s magnitude: `y * target / sqrt(max(mean(y^2), 1e-5))`.

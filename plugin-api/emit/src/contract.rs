@@ -41,7 +41,11 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v16: under bf16 activations `quick_gelu` rounds where torch's three tensor operations do
 /// (`1.702 * x`, the sigmoid, the product), and encoders compute under bf16 activations too; f32
 /// graphs compute the same results.
-pub const CONTRACT_VERSION: u32 = 16;
+/// v17: an RMSNorm's mean of squares is the sum divided by the count, as torch's `mean` on CPU
+/// (it was multiplied by the count's reciprocal: an f32 ulp apart in about a third of the rows
+/// 1536 wide), and under bf16 activations that sum adds in torch's order ([`torch_sum_last`]):
+/// the backend's order put a row's normalized value on the other side of a bf16 rounding.
+pub const CONTRACT_VERSION: u32 = 17;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -226,11 +230,12 @@ impl ContractDescriptor {
 }
 
 /// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
-const ROUNDING: [&str; 12] = [
+const ROUNDING: [&str; 13] = [
     "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
     "linear_tiled: as linear, the weight (and x, when bf16 products are summed in pairs) widened inside the contraction",
     "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
     "rms_norm one_plus: normalised and scaled by (1 + w) in the accumulator, rounded once",
+    "rms_norm: the mean of squares is their sum divided by the count, in the accumulator",
     "layer_norm: in the accumulator (biased variance), rounded once",
     "silu, gelu_tanh, gelu_erf (Abramowitz-Stegun 7.1.26): in the accumulator, rounded once",
     "quick_gelu: 1.702 x rounded, the sigmoid in the accumulator rounded, the product rounded (torch's three ops)",
@@ -258,7 +263,11 @@ const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles
                            in order, then the groups' sums in order, and over more rows (or a prompt's) its \
                            products over the inputs in order, as linear_tiled; linear over one \
                            row of 16-bit float weights not in tiles reduces each output over 256 inputs at a time, \
-                           lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated)";
+                           lanes summed apart and combined at the end (the llvm-cpu tuning spec, reassociated); \
+                           under bf16 activations an RMSNorm's mean of squares sums as torch's CPU sum kernel: \
+                           8-lane f32 vectors, 4 accumulators a step in a 4-level cascade (runs of 16 steps \
+                           carried up a level), the leftover vectors to the first accumulator, the accumulators \
+                           in order, then from zero the scalar tail and the 8 lanes in order";
 
 /// The dequantization, as [`ContractDescriptor::dequantization`] states it.
 const DEQUANTIZATION: &str = "MLX affine: integers packed least significant first in u32 words, zero-extended; \
@@ -659,12 +668,9 @@ impl NumericContract {
     pub fn rms_norm(&self, f: &mut Func, x: &Value, w: &Value, eps: f64, style: RmsStyle) -> Value {
         let shape = x.shape().to_vec();
         let last = shape.len() - 1;
-        let n = shape[last] as f64;
         let xa = f.convert(x, self.accumulate);
         let sq = f.mul(&xa, &xa);
-        let sum = f.reduce(&sq, &[last], Reduce::Sum);
-        let inv_n = f.splat(sum.ty(), 1.0 / n);
-        let mean = f.mul(&sum, &inv_n);
+        let mean = self.mean_last(f, &sq);
         let eps = f.splat(mean.ty(), eps);
         let var_eps = f.add(&mean, &eps);
         let r = f.rsqrt(&var_eps);
@@ -686,6 +692,20 @@ impl NumericContract {
                 self.round(f, &y)
             }
         }
+    }
+
+    /// The mean over the last dimension of `x`, a value in the accumulator, as torch's
+    /// `x.mean(-1)` computes it on CPU: the sum divided by the count. Under bf16 activations the
+    /// sum is torch's to the bit ([`torch_sum_last`]), so a bf16 rounding after it (an RMSNorm's)
+    /// falls where torch's does; under f32 activations its order is the backend's.
+    pub fn mean_last(&self, f: &mut Func, x: &Value) -> Value {
+        let last = x.shape().len() - 1;
+        let sum = match self.activations {
+            Elem::BF16 => torch_sum_last(f, x),
+            _ => f.reduce(x, &[last], Reduce::Sum),
+        };
+        let n = f.splat(sum.ty(), x.shape()[last] as f64);
+        f.div(&sum, &n)
     }
 
     /// LayerNorm over the last dimension in the accumulator (biased variance).
@@ -959,4 +979,158 @@ pub enum RmsStyle {
     Plain,
     /// `round(normed * (1 + w))` (Gemma).
     OnePlus,
+}
+
+/// Lanes of the vectors torch's CPU sum kernel (`SumKernel.cpp`) accumulates f32 in: 256-bit
+/// ones. torch 2.15's x86 build has that kernel for AVX2 and the default capability only, so a
+/// CPU with AVX-512 sums in 8 lanes too: measured on an AMD Zen 4 (AVX-512), this order
+/// reproduces `x.pow(2).sum(-1)` of bf16-valued rows bit for bit at every width tried, 4 to
+/// 20,000, and 16 lanes did not (about half the rows differed).
+const TORCH_SUM_LANES: usize = 8;
+/// Independent accumulators a step of torch's row sum keeps (its `ilp_factor`).
+const TORCH_SUM_ILP: usize = 4;
+/// Levels of torch's cascade sum (`multi_row_sum`'s `num_levels`).
+const TORCH_SUM_LEVELS: usize = 4;
+
+/// The sum over the last dimension of the f32 `x` `[.., n]` in the order torch's CPU kernel adds
+/// (a contiguous inner reduction): the row is read as `n / 8` vectors of [`TORCH_SUM_LANES`]
+/// (fewer than 8 inputs: as `n` scalars), those as steps of [`TORCH_SUM_ILP`] summed by
+/// [`cascade_sum`], the leftover vectors added to the first accumulator, the accumulators
+/// added in order; then the scalar tail from zero, and the lanes one by one. Every addition is
+/// written out, in that order: a backend reduction would associate as it likes.
+pub(crate) fn torch_sum_last(f: &mut Func, x: &Value) -> Value {
+    let shape = x.shape().to_vec();
+    let (lead, n) = shape.split_at(shape.len() - 1);
+    let (n, m) = (n[0], lead.iter().product::<usize>());
+    let rows = f.reshape(x, &[m, n]);
+    let vectors = n / TORCH_SUM_LANES;
+    let sum = if vectors == 0 {
+        // Fewer inputs than a vector: torch's scalar row sum, the same cascade one input wide.
+        let units = f.reshape(&rows, &[m, n, 1]);
+        row_sum(f, &units)
+    } else {
+        let main = f.slice(&rows, &[0, 0], &[m, vectors * TORCH_SUM_LANES]);
+        let units = f.reshape(&main, &[m, vectors, TORCH_SUM_LANES]);
+        let lanes = row_sum(f, &units);
+        let mut total = None;
+        for k in vectors * TORCH_SUM_LANES..n {
+            let tail = f.slice(&rows, &[0, k], &[m, k + 1]);
+            total = Some(add_to(f, total, tail));
+        }
+        for lane in 0..TORCH_SUM_LANES {
+            let l = f.slice(&lanes, &[0, lane], &[m, lane + 1]);
+            total = Some(add_to(f, total, l));
+        }
+        total.expect("invariant: a vector has lanes")
+    };
+    f.reshape(&sum, lead)
+}
+
+/// torch's `row_sum` over `units` `[m, count, width]`, giving `[m, width]`: the first
+/// `count / 4 * 4` units as steps of [`TORCH_SUM_ILP`] accumulators summed by [`cascade_sum`],
+/// the rest added to the first accumulator, then the accumulators added in order. A sum of no
+/// unit is zero.
+fn row_sum(f: &mut Func, units: &Value) -> Value {
+    let (m, count, width) = (units.shape()[0], units.shape()[1], units.shape()[2]);
+    let steps = count / TORCH_SUM_ILP;
+    let acc = (steps > 0).then(|| {
+        let blocks = f.slice(units, &[0, 0, 0], &[m, steps * TORCH_SUM_ILP, width]);
+        let blocks = f.reshape(&blocks, &[m, steps, TORCH_SUM_ILP, width]);
+        cascade_sum(f, &blocks)
+    });
+    let acc = acc.flatten();
+    let mut partial: Vec<Option<Value>> = (0..TORCH_SUM_ILP)
+        .map(|k| {
+            acc.as_ref().map(|a| {
+                let p = f.slice(a, &[0, k, 0], &[m, k + 1, width]);
+                f.reshape(&p, &[m, width])
+            })
+        })
+        .collect();
+    for i in steps * TORCH_SUM_ILP..count {
+        let u = f.slice(units, &[0, i, 0], &[m, i + 1, width]);
+        let u = f.reshape(&u, &[m, width]);
+        partial[0] = Some(add_to(f, partial[0].take(), u));
+    }
+    let mut total = partial[0].take();
+    for p in partial.into_iter().skip(1).flatten() {
+        total = Some(add_to(f, total, p));
+    }
+    total.unwrap_or_else(|| f.splat(&Type::new(units.elem(), &[m, width]), 0.0))
+}
+
+/// torch's `multi_row_sum` over the steps of `blocks` `[m, steps, ilp, width]`, giving
+/// `[m, ilp, width]` (`None` for no step): a cascade of [`TORCH_SUM_LEVELS`] accumulators. The
+/// first sums runs of `2^p` steps in order (`p` at least 4) and hands each run's sum up a level;
+/// a level that has summed `2^p` of those, in order, hands its sum up in turn, and the last keeps
+/// everything handed to it; the steps after the last whole run stay in the first. At the end the
+/// levels are added, first to last. Each level's sums are written for all its groups at once
+/// (one slice per position in a group), so the additions are torch's, in its order, in few
+/// operations.
+fn cascade_sum(f: &mut Func, blocks: &Value) -> Option<Value> {
+    let (m, steps, ilp, width) = (blocks.shape()[0], blocks.shape()[1], blocks.shape()[2], blocks.shape()[3]);
+    let power = (ceil_log2(steps) / TORCH_SUM_LEVELS).max(4);
+    let run = 1usize << power;
+    let mut acc: [Option<Value>; TORCH_SUM_LEVELS] = Default::default();
+    // The first level's leftover steps, after the whole runs.
+    let whole = steps / run * run;
+    if whole < steps {
+        let rest = f.slice(blocks, &[0, whole, 0, 0], &[m, steps, ilp, width]);
+        acc[0] = Some(sum_in_order(f, &rest, 1));
+    }
+    // Sums handed up to the next level, `[m, count, ilp, width]`.
+    let mut handed = (whole > 0).then(|| {
+        let runs = f.slice(blocks, &[0, 0, 0, 0], &[m, whole, ilp, width]);
+        let runs = f.reshape(&runs, &[m, whole / run, run, ilp, width]);
+        sum_in_order(f, &runs, 2)
+    });
+    for (level, slot) in acc.iter_mut().enumerate().skip(1) {
+        let Some(sums) = handed.take() else { break };
+        let count = sums.shape()[1];
+        let groups = if level == TORCH_SUM_LEVELS - 1 { 0 } else { count / run };
+        if groups * run < count {
+            let rest = f.slice(&sums, &[0, groups * run, 0, 0], &[m, count, ilp, width]);
+            *slot = Some(sum_in_order(f, &rest, 1));
+        }
+        if groups > 0 {
+            let full = f.slice(&sums, &[0, 0, 0, 0], &[m, groups * run, ilp, width]);
+            let full = f.reshape(&full, &[m, groups, run, ilp, width]);
+            handed = Some(sum_in_order(f, &full, 2));
+        }
+    }
+    let mut total = None;
+    for level in acc.into_iter().flatten() {
+        total = Some(add_to(f, total, level));
+    }
+    total
+}
+
+/// The sum of `x` over its dimension `dim`, which is dropped: each slice along it added to the
+/// running sum in order, from zero.
+fn sum_in_order(f: &mut Func, x: &Value, dim: usize) -> Value {
+    let shape = x.shape().to_vec();
+    let mut kept = shape.clone();
+    kept.remove(dim);
+    let mut total = None;
+    for i in 0..shape[dim] {
+        let (mut start, mut limit) = (vec![0; shape.len()], shape.clone());
+        (start[dim], limit[dim]) = (i, i + 1);
+        let s = f.slice(x, &start, &limit);
+        let s = f.reshape(&s, &kept);
+        total = Some(add_to(f, total, s));
+    }
+    total.expect("invariant: summed over a dimension of at least one")
+}
+
+/// `acc + x`, where no `acc` is zero (`0 + x` is `x`, so none is emitted).
+fn add_to(f: &mut Func, acc: Option<Value>, x: Value) -> Value {
+    match acc {
+        Some(a) => f.add(&a, &x),
+        None => x,
+    }
+}
+
+/// `CeilLog2` as torch's cascade uses it: 1 for counts up to 2.
+fn ceil_log2(x: usize) -> usize {
+    if x <= 2 { 1 } else { (usize::BITS - (x - 1).leading_zeros()) as usize }
 }

@@ -348,11 +348,11 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_after_each_tensor_op() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 16);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v16:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 17);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v17:act=f32:acc=f32");
     assert_eq!(
         NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint(),
-        "numeric-contract=v16:act=bf16:acc=f32:bf16-dot=in-order"
+        "numeric-contract=v17:act=bf16:acc=f32:bf16-dot=in-order"
     );
 }
 
@@ -533,7 +533,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":16,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":17,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert_eq!(dense.bf16_dot, None, "f32 activations sum no bf16 products");
     assert!(!dense.to_json().contains("\"bf16_dot\":"), "{}", dense.to_json());

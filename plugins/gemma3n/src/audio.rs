@@ -334,9 +334,7 @@ impl Emitter<'_> {
         let shape = x.shape().to_vec();
         let last = shape.len() - 1;
         let sq = f.mul(x, x);
-        let sum = f.reduce(&sq, &[last], Reduce::Sum);
-        let inv_n = f.splat(sum.ty(), 1.0 / shape[last] as f64);
-        let mean = f.mul(&sum, &inv_n);
+        let mean = self.c.mean_last(f, &sq);
         let eps = f.splat(mean.ty(), eps);
         let m = f.add(&mean, &eps);
         let r = f.rsqrt(&m);
