@@ -73,7 +73,7 @@ FORMS = {"qwen2_vl": ["bfloat16"], "qwen2_5_vl": ["bfloat16"], "qwen3_vl": ["bfl
          "llava": ["bfloat16", "float16"], "molmo2": ["bfloat16"], "gemma3n": ["bfloat16"]}
 SHORT = {"bfloat16": "bf16", "float16": "f16"}
 # The vision-language families whose bf16 checkpoint also gets a bf16-compute form (see the module doc).
-VLM_BF16_COMPUTE = ["qwen2_vl"]
+VLM_BF16_COMPUTE = ["qwen2_vl", "qwen2_5_vl"]
 
 
 # A text decoder's bf16 forms: (name suffix, the reference run's dtype, what the form is); the second for

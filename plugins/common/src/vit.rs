@@ -33,6 +33,19 @@ pub fn f32_only(compute: EncoderCompute, family: &str) -> Result<(), PluginError
     }
 }
 
+/// Refuses a bf16 compute over weights not stored in bf16, for a family whose encoder computes in
+/// bf16 as torch does on a bf16 checkpoint: over f32 or f16 weights it would round where no
+/// reference does.
+pub fn bf16_on_bf16_weights(compute: EncoderCompute, weights: WeightDtype, family: &str) -> Result<(), PluginError> {
+    if compute == EncoderCompute::F32 || weights == WeightDtype::BF16 {
+        return Ok(());
+    }
+    Err(PluginError::unsupported(format!(
+        "the {family} encoder computes in {} on a bf16 checkpoint only (this one stores {weights:?})",
+        compute.name()
+    )))
+}
+
 /// An encoder weight as its module declares it: the global, and the tiles a matrix is
 /// declared in (`None`: as the checkpoint stores it).
 #[derive(Debug, Clone)]

@@ -82,8 +82,7 @@ impl FamilyPlugin for Qwen25Vl {
         target: &EncoderTarget,
         compute: EncoderCompute,
     ) -> Result<EncoderGraph, PluginError> {
-        mlxcel_family_common::vit::f32_only(compute, "qwen2_5_vl")?;
-        vision::graph(config, request, target)
+        vision::graph(config, request, target, compute)
     }
 
     fn prefill_program(config: &Qwen25VlConfig, request: &ContractRequest) -> Result<PrefillProgram, PluginError> {

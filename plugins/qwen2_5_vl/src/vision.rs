@@ -21,9 +21,9 @@
 //! Buckets, inputs and the image mask are the Qwen-VL families' shared ones
 //! ([`mlxcel_family_common::qwen_vl::vision`]).
 
-use mlxcel_emit::{Func, Module, NumericContract, Value};
+use mlxcel_emit::{Elem, Func, Module, NumericContract, Value};
 use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask, window_keys};
-use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, rotary_2d};
+use mlxcel_family_common::vit::{Tower, bf16_on_bf16_weights, declare_parameters, encoder_contract, rotary_2d};
 use mlxcel_plugin_api::{EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::Qwen25VlConfig;
@@ -77,8 +77,10 @@ pub(crate) fn graph(
     config: &Qwen25VlConfig,
     request: &EncoderGraphRequest,
     target: &EncoderTarget,
+    compute: EncoderCompute,
 ) -> Result<EncoderGraph, PluginError> {
-    let c = encoder_contract(target, EncoderCompute::F32);
+    bf16_on_bf16_weights(compute, config.qwen.weights, "qwen2_5_vl")?;
+    let c = encoder_contract(target, compute);
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
 
@@ -95,7 +97,9 @@ pub(crate) fn emit(config: &Qwen25VlConfig, n: usize, c: NumericContract) -> Res
 
     let kernel = tower.t(f, "patch_embed.proj.weight");
     let kernel = f.reshape(&kernel, &[v.hidden_size, width]);
-    let mut x = c.linear(f, &a[0], &kernel, None);
+    // The reference casts the pixels to the kernel's dtype before the convolution.
+    let pixels = c.round(f, &a[0]);
+    let mut x = c.linear(f, &pixels, &kernel, None);
     let (cos, sin) = rotary_2d(f, &a[1], v.head_dim(), v.rope_theta);
     let images = image_keys(f, &a[2]);
     let image_mask = same_keys_mask(f, &[&images]);
@@ -110,13 +114,15 @@ pub(crate) fn emit(config: &Qwen25VlConfig, n: usize, c: NumericContract) -> Res
         let gate = tower.linear(f, &h, &format!("blocks.{i}.mlp.gate_proj"));
         let gate = v.hidden_act.apply(c, f, &gate);
         let up = tower.linear(f, &h, &format!("blocks.{i}.mlp.up_proj"));
-        let h = f.mul(&gate, &up);
+        let h = c.act_mul(f, &gate, &up);
         let h = tower.linear(f, &h, &format!("blocks.{i}.mlp.down_proj"));
         x = c.residual(f, &x, &h);
     }
     let norm = |f: &mut Func, x: &Value| tower.rms_norm(f, x, "merger.ln_q");
     let gelu = |f: &mut Func, x: &Value| c.gelu_erf(f, x);
     let out = tower.patch_merger(f, &x, g.merge_area(), norm, ["merger.mlp.0", "merger.mlp.2"], gelu);
+    // The features leave in f32 whatever the compute: widening bf16 is exact.
+    let out = f.convert(&out, Elem::F32);
     m.add_func(func, &[out]);
     m.finish()
 }
@@ -132,12 +138,29 @@ mod tests {
     fn the_graph_emits_for_the_fixture_with_its_declared_signature() {
         let config = fixture_config();
         let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-64".into() };
-        let g = graph(&config, &request, &EncoderTarget::unknown()).expect("graph");
+        let g = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::F32).expect("graph");
         assert!(g.stablehlo.contains("func.func @main("), "{}", g.stablehlo);
         assert_eq!(g.outputs[0].shape.as_slice(), &[16, 64]);
         assert_eq!(g.parameters.len(), 1 + 12 * 2 + 5);
         assert!(g.stablehlo.contains("\"model\"::\"visual/blocks.1.mlp.gate_proj.bias\""));
         let bad = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-65".into() };
-        assert!(graph(&config, &bad, &EncoderTarget::unknown()).is_err());
+        assert!(graph(&config, &bad, &EncoderTarget::unknown(), EncoderCompute::F32).is_err());
+    }
+
+    /// bf16 compute is offered on a bf16 checkpoint only, and its features still leave in f32.
+    #[test]
+    fn bf16_compute_is_offered_on_a_bf16_checkpoint_only() {
+        let mut config = fixture_config();
+        let request = EncoderGraphRequest { modality: Modality::Image, bucket: "patches-64".into() };
+        let err = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::Bf16Pairs)
+            .expect_err("an f32 checkpoint");
+        assert!(err.message.contains("on a bf16 checkpoint only"), "{}", err.message);
+        config.qwen.weights = mlxcel_family_common::config::WeightDtype::BF16;
+        let g = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::Bf16Pairs).expect("bf16");
+        let f32_graph = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::F32).expect("f32");
+        assert_ne!(g.stablehlo, f32_graph.stablehlo);
+        assert!(g.stablehlo.contains("linalg.mmt4d"), "bf16 weights in the pair tiles");
+        assert_eq!(g.outputs[0].dtype, mlxcel_plugin_api::DType::F32);
+        assert!(g.stablehlo.contains("-> tensor<16x64xf32>"), "the features widened to f32");
     }
 }

@@ -14,9 +14,8 @@
 //! ([`mlxcel_family_common::qwen_vl::vision`]).
 
 use mlxcel_emit::{Elem, Func, Module, NumericContract, Value};
-use mlxcel_family_common::config::WeightDtype;
 use mlxcel_family_common::qwen_vl::vision::{Signature, encoder_graph, image_keys, same_keys_mask};
-use mlxcel_family_common::vit::{Tower, declare_parameters, encoder_contract, rotary_2d};
+use mlxcel_family_common::vit::{Tower, bf16_on_bf16_weights, declare_parameters, encoder_contract, rotary_2d};
 use mlxcel_plugin_api::{EncoderCompute, EncoderGraph, EncoderGraphRequest, EncoderTarget, PluginError};
 
 use crate::config::Qwen2VlConfig;
@@ -72,13 +71,7 @@ pub(crate) fn graph(
     target: &EncoderTarget,
     compute: EncoderCompute,
 ) -> Result<EncoderGraph, PluginError> {
-    if compute != EncoderCompute::F32 && config.qwen.weights != WeightDtype::BF16 {
-        return Err(PluginError::unsupported(format!(
-            "the Qwen2-VL encoder computes in {} on a bf16 checkpoint only (this one stores {:?})",
-            compute.name(),
-            config.qwen.weights
-        )));
-    }
+    bf16_on_bf16_weights(compute, config.qwen.weights, "qwen2_vl")?;
     let c = encoder_contract(target, compute);
     encoder_graph(&config.qwen, &signature(config), request, &parameters(config), |n| emit(config, n, c))
 }
@@ -149,7 +142,7 @@ mod tests {
         let err = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::Bf16Pairs)
             .expect_err("an f32 checkpoint");
         assert!(err.message.contains("on a bf16 checkpoint only"), "{}", err.message);
-        config.qwen.weights = WeightDtype::BF16;
+        config.qwen.weights = mlxcel_family_common::config::WeightDtype::BF16;
         let g = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::Bf16Pairs).expect("bf16");
         let f32_graph = graph(&config, &request, &EncoderTarget::unknown(), EncoderCompute::F32).expect("f32");
         assert_ne!(g.stablehlo, f32_graph.stablehlo);
