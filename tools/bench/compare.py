@@ -296,7 +296,7 @@ def host_cmd(*args: str) -> list[str]:
 
 
 # The families whose plugin offers its encoder in bf16 compute (`EncoderCompute`); the others refuse it.
-BF16_ENCODERS = {"qwen2_vl"}
+BF16_ENCODERS = {"qwen2_vl", "qwen2_5_vl"}
 
 
 def bf16_text_only(args, bf16_compute: bool) -> bool:
