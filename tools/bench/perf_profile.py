@@ -138,8 +138,12 @@ def cache_images() -> list[Image]:
     out = []
     for f in CACHE.glob("*.mlxvmfb"):
         b = f.read_bytes()
-        start = b.find(b"{")
-        header = json.JSONDecoder().raw_decode(b[start:].decode("utf-8", "replace"))[0]
+        # The entry's layout: a magic line, the header's length (u64, little-endian), the JSON header.
+        magic = b"MLXCELVMFB1\n"
+        if not b.startswith(magic):
+            continue
+        n, = struct.unpack_from("<Q", b, len(magic))
+        header = json.loads(b[len(magic) + 8:len(magic) + 8 + n])
         module = header.get("name", f.stem)
         pos = 0
         while (i := b.find(b"\x7fELF", pos)) >= 0:
@@ -245,6 +249,8 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--driver", default="local-task")
+    ap.add_argument("--compute", choices=("f32", "bf16"), default="f32",
+                    help="bf16: the experimental bf16 compute (--compute bf16 --allow-unqualified)")
     ap.add_argument("--freq", type=int, default=999)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", type=Path)
@@ -259,7 +265,8 @@ def main() -> int:
                            "--plugins", str(compare.PLUGINS),
                            # The profiled image request repeats the warm-up's image and prompt: without
                            # these its encoder output and prompt rows would be served from the caches.
-                           "--encoder-cache-mb", "0", "--no-prefix-cache")
+                           "--encoder-cache-mb", "0", "--no-prefix-cache",
+                           *(("--compute", "bf16", "--allow-unqualified") if args.compute == "bf16" else ()))
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     addr = None
     for line in server.stdout:

@@ -137,10 +137,19 @@ fn an_asynchronous_call_runs_while_another_device_is_used_and_gives_the_same_res
 }
 
 /// `x [1, depth, 16, 1]` against `w [n1, depth, 8, 1]` by `linalg.mmt4d` into f32.
-fn deep_mmt4d(depth: usize, n1: usize) -> String {
-    let x = format!("tensor<1x{depth}x16x1xf32>");
-    let w = format!("tensor<{n1}x{depth}x8x1xf32>");
-    let o = format!("tensor<1x{n1}x16x8xf32>");
+/// `linalg.mmt4d` of x `[m1, depth, m0, k0]` (elements `x_elem`) by w `[n1, depth, n0, k0]`
+/// (`w_elem`) into f32 `[m1, n1, m0, n0]`.
+fn mmt4d(
+    m1: usize,
+    depth: usize,
+    n1: usize,
+    (m0, n0, k0): (usize, usize, usize),
+    x_elem: &str,
+    w_elem: &str,
+) -> String {
+    let x = format!("tensor<{m1}x{depth}x{m0}x{k0}x{x_elem}>");
+    let w = format!("tensor<{n1}x{depth}x{n0}x{k0}x{w_elem}>");
+    let o = format!("tensor<{m1}x{n1}x{m0}x{n0}xf32>");
     format!(
         "func.func @main(%x: {x}, %w: {w}) -> {o} {{
   %z = arith.constant 0.0 : f32
@@ -152,58 +161,120 @@ fn deep_mmt4d(depth: usize, n1: usize) -> String {
     )
 }
 
+/// Compiles `mlir` for `target` with `spec` (a tuning spec's file) and `flags`: the artifact
+/// and the configurations IREE chose for its dispatches, as text.
+fn configured(
+    dir: &std::path::Path,
+    name: &str,
+    target: &mlxcel_shim::Target,
+    spec: &std::path::Path,
+    flags: &[&str],
+    mlir: &str,
+) -> (mlxcel_shim::Artifact, String) {
+    use mlxcel_shim::{CompileCache, CompileRequest};
+    let dump = dir.join(format!("configs-{name}"));
+    let mut all = vec![
+        format!("--iree-codegen-tuning-spec-path={}", spec.display()),
+        format!("--iree-hal-dump-executable-configurations-to={}", dump.display()),
+    ];
+    all.extend(flags.iter().map(|f| f.to_string()));
+    let cache = CompileCache::new(dir.join(format!("cache-{name}")));
+    let request = CompileRequest { name, mlir, target, flags: &all, key_parts: &[], contract: None };
+    let artifact = cache.get_or_compile(crate::support::compiler(), &request).expect("compiles").0;
+    let text: String = std::fs::read_dir(&dump)
+        .expect("configurations dumped")
+        .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("read"))
+        .collect();
+    (artifact, text)
+}
+
+/// Runs `artifact`'s mmt4d (as `mmt4d` writes it, with operands of elements `x_elem` and
+/// `w_elem`) on small integers, whose every product and sum is exact in f32 whatever the order,
+/// and requires the result computed here.
+fn assert_exact_mmt4d(
+    artifact: &mlxcel_shim::Artifact,
+    (m1, depth, n1): (usize, usize, usize),
+    tile: (usize, usize, usize),
+    (x_elem, w_elem): (&str, &str),
+) {
+    use mlxcel_shim::{DType, Device, Driver, Session};
+    let (m0, n0, k0) = tile;
+    let x: Vec<f32> = (0..m1 * depth * m0 * k0).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+    let w: Vec<f32> = (0..n1 * depth * n0 * k0).map(|i| ((i * 3) % 7) as f32 - 3.0).collect();
+    let mut want = vec![0f32; m1 * n1 * m0 * n0];
+    for (i, out) in want.iter_mut().enumerate() {
+        let (m1i, n1i, m0i, n0i) = (i / (n1 * m0 * n0), i / (m0 * n0) % n1, i / n0 % m0, i % n0);
+        *out = (0..depth * k0)
+            .map(|kk| {
+                let (k1, k0i) = (kk / k0, kk % k0);
+                x[((m1i * depth + k1) * m0 + m0i) * k0 + k0i] * w[((n1i * depth + k1) * n0 + n0i) * k0 + k0i]
+            })
+            .sum();
+    }
+    // Small integers are bf16 values whose bits are the top half of their f32 bits.
+    let tensor = |shape: Vec<usize>, v: &[f32], elem: &str| {
+        if elem == "bf16" {
+            let bytes = v.iter().flat_map(|f| ((f.to_bits() >> 16) as u16).to_le_bytes()).collect();
+            HostTensor::from_bytes(DType::BF16, shape, bytes).expect("bf16")
+        } else {
+            HostTensor::from_slice(shape, v).expect("f32")
+        }
+    };
+    let xs = tensor(vec![m1, depth, m0, k0], &x, x_elem);
+    let ws = tensor(vec![n1, depth, n0, k0], &w, w_elem);
+    let device = Device::new(Driver::LocalTask).expect("device");
+    let s = Session::new(&device, None, &[artifact]).expect("session");
+    let got = s.call("module.main", &[(&xs).into(), (&ws).into()]).expect("runs").remove(0);
+    assert_eq!(got.to_host().expect("read").to_vec::<f32>().expect("f32"), want);
+}
+
 #[test]
 fn the_avx2_spec_spreads_a_deep_f32_contraction_over_four_by_four_tiles_and_computes_it_exactly() {
-    use mlxcel_shim::{CompileCache, CompileRequest, Device, Driver, Session, Target, llvm_cpu_tuning_spec};
+    use mlxcel_shim::{Target, llvm_cpu_tuning_spec};
     let dir = tempfile::tempdir().expect("tempdir");
     let spec = dir.path().join("avx2.mlir");
     std::fs::write(&spec, llvm_cpu_tuning_spec(Some(256))).expect("spec");
     // Code for an AVX2 CPU, whatever this one is, with the AVX2 spec in place of the target's.
     let target = Target::Cpu { cpu: "haswell".into() };
-    let configured = |depth: usize| {
-        let dump = dir.path().join(format!("configs-{depth}"));
-        let flags = [
-            format!("--iree-codegen-tuning-spec-path={}", spec.display()),
-            format!("--iree-hal-dump-executable-configurations-to={}", dump.display()),
-        ];
-        let cache = CompileCache::new(dir.path().join(format!("cache-{depth}")));
-        let mlir = deep_mmt4d(depth, 8);
-        let request = CompileRequest {
-            name: "deep",
-            mlir: &mlir,
-            target: &target,
-            flags: &flags,
-            key_parts: &[],
-            contract: None,
-        };
-        let artifact = cache.get_or_compile(crate::support::compiler(), &request).expect("compiles").0;
-        let text: String = std::fs::read_dir(&dump)
-            .expect("configurations dumped")
-            .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("read"))
-            .collect();
-        (artifact, text.contains("distribution = [4, 4, 0, 0, 0, 0]"))
-    };
-    let (artifact, spread) = configured(4096);
-    assert!(spread, "the matcher applies from 4096 inputs");
-    assert!(!configured(2048).1, "IREE's default below");
+    let deep = |depth: usize| mmt4d(1, depth, 8, (16, 8, 1), "f32", "f32");
+    let spread = |text: &str| text.contains("distribution = [4, 4, 0, 0, 0, 0]");
+    let (artifact, text) = configured(dir.path(), "deep", &target, &spec, &[], &deep(4096));
+    assert!(spread(&text), "the matcher applies from 4096 inputs");
+    assert!(!spread(&configured(dir.path(), "shallow", &target, &spec, &[], &deep(2048)).1), "IREE's default below");
+    assert_exact_mmt4d(&artifact, (1, 4096, 8), (16, 8, 1), ("f32", "f32"));
+}
 
-    // Small integers: every product and sum is exact, so the result is known whatever the order.
-    let depth = 4096;
-    let x: Vec<f32> = (0..depth * 16).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
-    let w: Vec<f32> = (0..8 * depth * 8).map(|i| ((i * 3) % 7) as f32 - 3.0).collect();
-    let mut want = vec![0f32; 8 * 16 * 8];
-    for n1 in 0..8 {
-        for m0 in 0..16 {
-            for n0 in 0..8 {
-                let sum: f32 = (0..depth).map(|k| x[k * 16 + m0] * w[(n1 * depth + k) * 8 + n0]).sum();
-                want[(n1 * 16 + m0) * 8 + n0] = sum;
-            }
-        }
+#[test]
+fn the_spec_reads_each_deep_weight_tile_once_for_every_row_tile_of_a_prompt_chunk() {
+    use mlxcel_shim::{Target, llvm_cpu_tuning_spec};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = dir.path().join("avx512.mlir");
+    std::fs::write(&spec, llvm_cpu_tuning_spec(Some(512))).expect("spec");
+    let once = |text: &str| text.contains("distribution = [8, 1, 0, 0, 0, 0]");
+
+    // f32 activations against 32-row tiles of bf16 weights: the matcher names the shapes, not
+    // the CPU, so AVX2 code (which this machine runs whatever it is) holds it.
+    let haswell = Target::Cpu { cpu: "haswell".into() };
+    let (artifact, text) =
+        configured(dir.path(), "f32-bf16", &haswell, &spec, &[], &mmt4d(4, 4096, 2, (16, 32, 1), "f32", "bf16"));
+    assert!(once(&text), "4 row tiles against 4096 inputs: one workgroup per weight tile");
+    assert_exact_mmt4d(&artifact, (4, 4096, 2), (16, 32, 1), ("f32", "bf16"));
+    let shallow = mmt4d(4, 2048, 2, (16, 32, 1), "f32", "bf16");
+    assert!(!once(&configured(dir.path(), "f32-shallow", &haswell, &spec, &[], &shallow).1), "IREE's default below");
+    let f32_weights = mmt4d(4, 4096, 2, (16, 32, 1), "f32", "f32");
+    assert!(once(&configured(dir.path(), "f32-f32", &haswell, &spec, &[], &f32_weights).1), "f32 weights alike");
+    let tall = mmt4d(16, 4096, 2, (16, 32, 1), "f32", "f32");
+    assert!(!once(&configured(dir.path(), "f32-tall", &haswell, &spec, &[], &tall).1), "an encoder's rows keep IREE's");
+
+    // bf16 pairs through IREE's microkernel, on an AVX512-BF16 CPU (compiled on any).
+    let zen4 = Target::Cpu { cpu: "znver4".into() };
+    let ukernel = ["--iree-llvmcpu-enable-ukernels=mmt4d"];
+    let pairs = mmt4d(4, 2048, 2, (16, 16, 2), "bf16", "bf16");
+    let (artifact, text) = configured(dir.path(), "pairs", &zen4, &spec, &ukernel, &pairs);
+    assert!(once(&text), "4 row tiles against 4096 inputs in pairs");
+    let shallow = mmt4d(4, 1024, 2, (16, 16, 2), "bf16", "bf16");
+    assert!(!once(&configured(dir.path(), "pairs-shallow", &zen4, &spec, &ukernel, &shallow).1));
+    if Target::host_cpu().has_avx512_bf16() {
+        assert_exact_mmt4d(&artifact, (4, 2048, 2), (16, 16, 2), ("bf16", "bf16"));
     }
-    let device = Device::new(Driver::LocalTask).expect("device");
-    let s = Session::new(&device, None, &[&artifact]).expect("session");
-    let xs = HostTensor::from_slice(vec![1, depth, 16, 1], &x).expect("x");
-    let ws = HostTensor::from_slice(vec![8, depth, 8, 1], &w).expect("w");
-    let got = s.call("module.main", &[(&xs).into(), (&ws).into()]).expect("runs").remove(0);
-    assert_eq!(got.to_host().expect("read").to_vec::<f32>().expect("f32"), want);
 }
