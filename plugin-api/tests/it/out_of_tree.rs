@@ -146,7 +146,8 @@ fn the_walkthrough_plugin_builds_out_of_tree_and_loads() {
     for tensor in ["model.layers.1.self_attn.k_norm.weight", "model.layers.1.post_feedforward_layernorm.weight"] {
         assert!(mlir.contains(tensor), "the bundle reads {tensor}");
     }
-    assert!(mlir.contains("tensor<2x2x2x24x2x16xf32>"), "the KV cache follows the declared layout");
+    // [layers, k|v, slots, kv heads, rows, head width]
+    assert!(mlir.contains("tensor<2x2x2x2x24x16xf32>"), "the KV cache follows the declared layout");
 }
 
 /// A checkpoint index holding every tensor the decoder `cfg` reads, each of the shape it needs.
