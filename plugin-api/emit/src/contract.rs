@@ -654,9 +654,15 @@ impl NumericContract {
         batch: (&[usize], &[usize]),
         contract: (&[usize], &[usize]),
     ) -> Value {
-        let aa = f.convert(a, self.accumulate);
-        let ba = f.convert(b, self.accumulate);
-        let y = f.dot_general(&aa, &ba, batch, contract);
+        // Operands of one narrower float type are widened inside the contraction (the same
+        // products and sums as widening them first; see `Func::dot_general_to`).
+        let y = if a.elem() == b.elem() && a.elem().is_float() && a.elem().bits() < self.accumulate.bits() {
+            f.dot_general_to(a, b, batch, contract, self.accumulate)
+        } else {
+            let aa = f.convert(a, self.accumulate);
+            let ba = f.convert(b, self.accumulate);
+            f.dot_general(&aa, &ba, batch, contract)
+        };
         self.round(f, &y)
     }
 

@@ -378,6 +378,23 @@ impl Func {
         batch: (&[usize], &[usize]),
         contract: (&[usize], &[usize]),
     ) -> Value {
+        self.dot_general_to(a, b, batch, contract, a.ty.elem)
+    }
+
+    /// [`Func::dot_general`] with a result of element type `out`: operands of one float type
+    /// narrower than `out` are widened to it inside the contraction, which is how IREE lowers
+    /// it (`arith.extf` of each operand in the `linalg` body), so it computes what converting
+    /// both operands first computes. Said in the operation, the widening stays inside the
+    /// contraction's dispatch: a converted operand can otherwise be written out whole first
+    /// (a bf16 KV cache read as f32 each decode step).
+    pub fn dot_general_to(
+        &mut self,
+        a: &Value,
+        b: &Value,
+        batch: (&[usize], &[usize]),
+        contract: (&[usize], &[usize]),
+        out_elem: Elem,
+    ) -> Value {
         let dims_ok = batch.0.len() == batch.1.len()
             && contract.0.len() == contract.1.len()
             && batch.0.iter().chain(contract.0).all(|&d| d < a.ty.rank())
@@ -394,11 +411,13 @@ impl Func {
             shape.extend(free(&a.ty, &used_a));
             shape.extend(free(&b.ty, &used_b));
         }
-        let out = a.ty.with_shape(&shape);
-        if !dims_ok || a.ty.elem != b.ty.elem {
+        let out = Type::new(out_elem, &shape);
+        let widening_ok = out_elem == a.ty.elem
+            || (a.ty.elem.is_float() && out_elem.is_float() && out_elem.bits() > a.ty.elem.bits());
+        if !dims_ok || a.ty.elem != b.ty.elem || !widening_ok {
             return self.fail(
                 "dot_general",
-                format!("{} . {} with batch {batch:?} contracting {contract:?}", a.ty, b.ty),
+                format!("{} . {} -> {out_elem} with batch {batch:?} contracting {contract:?}", a.ty, b.ty),
                 out,
             );
         }
