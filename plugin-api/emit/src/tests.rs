@@ -166,6 +166,34 @@ fn bf16_linear_widens_then_rounds_once() {
     assert!(text.contains("(tensor<4x3xf32>) -> tensor<4x3xbf16>"), "rounds to bf16: {text}");
 }
 
+/// A bf16 batched matmul accumulates in f32 inside one `dot_general` whose result is f32 (the
+/// operands are not converted to f32 apart from it), then rounds once; a narrowing result and
+/// mixed operands are refused.
+#[test]
+fn bf16_matmul_widens_inside_the_contraction() {
+    let bf = |s: &[usize]| Type::new(Elem::BF16, s);
+    let mut m = Module::new("m");
+    let (mut f, a) = m.func("f", &[bf(&[2, 4, 8]), bf(&[2, 5, 8])]);
+    let y = NumericContract::bf16(crate::Bf16Dot::Pairs).matmul(&mut f, &a[0], &a[1], (&[0], &[0]), (&[2], &[2]));
+    m.add_func(f, &[y]);
+    let text = m.finish().expect("valid");
+    assert_eq!(op_names_rounded(&text), ["stablehlo.dot_general", "round bf16"], "{text}");
+    assert!(
+        text.contains("(tensor<2x4x8xbf16>, tensor<2x5x8xbf16>) -> tensor<2x4x5xf32>"),
+        "bf16 operands, f32 result: {text}"
+    );
+
+    let refused = |a_elem: Elem, b_elem: Elem, out: Elem| {
+        let mut m = Module::new("m");
+        let (mut f, a) = m.func("f", &[Type::new(a_elem, &[4, 8]), Type::new(b_elem, &[5, 8])]);
+        let _ = f.dot_general_to(&a[0], &a[1], (&[], &[]), (&[1], &[1]), out);
+        m.add_func(f, &[]);
+        m.finish().expect_err("refused").op
+    };
+    assert_eq!(refused(Elem::F32, Elem::F32, Elem::BF16), "dot_general", "a narrowing result");
+    assert_eq!(refused(Elem::BF16, Elem::F32, Elem::F32), "dot_general", "mixed operands");
+}
+
 /// The two RMSNorm orders differ exactly where Llama and Gemma differ.
 #[test]
 fn rms_norm_styles_round_at_their_own_points() {
