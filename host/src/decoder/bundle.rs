@@ -607,30 +607,50 @@ impl Decoder {
         })
     }
 
-    /// The additive masks `[K, rows, C]`, one per attention kind in use:
-    /// row r is the query at cache position `queries[r]` and sees the rows
-    /// its layer kind allows (causal; within the window for sliding layers).
-    /// Padding and idle rows see like real ones; their outputs are unused.
-    /// Rows inside a run of one of `groups` also see every row of every run of
-    /// their group (a contract's bidirectional image tokens), in every layer kind.
-    fn masks(&self, queries: &[usize], groups: &[Vec<Range<usize>>]) -> Result<HostTensor, DecoderError> {
+    /// The key window of a call and its additive masks `[K, rows, R]` over it, one per
+    /// attention kind in use: row r is the query at cache position `queries[r]` and sees the
+    /// rows its layer kind allows (causal; within the window for sliding layers). Rows inside
+    /// a run of one of `groups` also see every row of every run of their group (a contract's
+    /// bidirectional image tokens), in every layer kind.
+    ///
+    /// A decode step (`narrow`) takes the narrowest of the bundle's key windows
+    /// ([`graph::key_window_for`]) that holds every row its real rows (`real`) see; a prefill
+    /// call the whole cache. Padding and idle rows see cache row 0 alone, so they attend over
+    /// something finite inside any window (a row that saw nothing would turn NaN, and its NaN
+    /// keys, written into slack rows, would reach every later score through the masked
+    /// columns); their outputs are unused.
+    fn masks(
+        &self,
+        queries: &[usize],
+        real: impl Fn(usize) -> bool,
+        groups: &[Vec<Range<usize>>],
+        narrow: bool,
+    ) -> Result<(usize, HostTensor), DecoderError> {
         let capacity = self.options.shape.rows();
         let kinds = self.config.kinds();
         let rows = queries.len();
         let mut mask = vec![f32::NEG_INFINITY; kinds.len() * rows * capacity];
+        let mut seen = 1;
         for (k, &kind) in kinds.iter().enumerate() {
             for (r, &q) in queries.iter().enumerate() {
                 let row = &mut mask[(k * rows + r) * capacity..(k * rows + r + 1) * capacity];
+                if !real(r) {
+                    row[0] = 0.0;
+                    continue;
+                }
                 let group = groups.iter().find(|g| g.iter().any(|b| b.contains(&q)));
                 for (kv, m) in row.iter_mut().enumerate() {
                     let same = group.is_some_and(|g| g.iter().any(|b| b.contains(&kv)));
                     if self.config.visible_with(kind, q, kv, same) {
                         *m = 0.0;
+                        seen = seen.max(kv + 1);
                     }
                 }
             }
         }
-        Ok(HostTensor::from_slice(vec![kinds.len(), rows, capacity], &mask)?)
+        let window = if narrow { graph::key_window_for(seen, self.options.shape) } else { capacity };
+        let narrowed: Vec<f32> = mask.chunks_exact(capacity).flat_map(|row| &row[..window]).copied().collect();
+        Ok((window, HostTensor::from_slice(vec![kinds.len(), rows, window], &narrowed)?))
     }
 
     /// Rows `start..start + real` of every injection, zero-padded to the
@@ -716,13 +736,8 @@ impl Decoder {
                 }
             };
             let pos = chunk_positions(&streams, start, real, width)?;
-            let mut args = vec![
-                first,
-                pos,
-                self.masks(&(start..start + width).collect::<Vec<_>>(), groups)?,
-                HostTensor::scalar(slot as i32),
-                HostTensor::scalar(start as i32),
-            ];
+            let (_, masks) = self.masks(&(start..start + width).collect::<Vec<_>>(), |r| r < real, groups, false)?;
+            let mut args = vec![first, pos, masks, HostTensor::scalar(slot as i32), HostTensor::scalar(start as i32)];
             if let Prefill::Embeddings(x, extras) = input
                 && self.config.injected_layers > 0
             {
@@ -813,7 +828,9 @@ impl Decoder {
         let queries: Vec<usize> = write.iter().map(|&w| w as usize).collect();
         let n = rows.len();
         let (tokens, pos) = (HostTensor::from_slice(vec![n], &ids)?, self.decode_positions(&pos)?);
-        let (write, masks) = (HostTensor::from_slice(vec![n], &write)?, self.masks(&queries, &[])?);
+        let (keys, masks) = self.masks(&queries, |r| rows[r].2 != junk, &[], true)?;
+        let write = HostTensor::from_slice(vec![n], &write)?;
+        let export = graph::windowed(&export, keys, self.options.shape);
         let args = match partial {
             Some(_) => {
                 let listed: Vec<i32> = rows.iter().map(|r| r.0 as i32).collect();

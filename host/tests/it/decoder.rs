@@ -1009,3 +1009,60 @@ fn golden_eps(bytes: &[u8]) -> f64 {
     let eps = meta.metadata().as_ref().and_then(|m| m.get("eps")).expect("eps recorded");
     eps.parse().expect("eps")
 }
+
+/// A bundle with a narrower key window (a long context) decodes over the first rows of each
+/// slot only while its streams are short, and gives what a bundle without one gives: the
+/// golden tokens, and, for a long prompt and a short one decoding together across the window's
+/// edge (288 rows: the `decode` export) and then one alone (`decode_rows_1`), the logits of the
+/// same calls on a bundle whose every step reads its whole cache. Grouped-query attention,
+/// sliding layers beside full ones (two masks), and latent attention.
+#[test]
+fn key_windows_attend_as_the_whole_cache() {
+    for name in ["qwen2", "gemma3_text", "youtu"] {
+        check_key_window(name);
+    }
+}
+
+fn check_key_window(name: &str) {
+    let wide = BundleShape { chunk: 32, capacity: 1024, slots: 2 };
+    let whole = BundleShape { chunk: 32, capacity: 320, slots: 2 };
+    assert_eq!(graph::key_windows(wide), vec![288]);
+    assert!(graph::key_windows(whole).is_empty());
+    let (mut windowed, mut reference) = (load(name, wide), load(name, whole));
+
+    let short = golden(name, "short");
+    let (_, tokens, _) = run(&mut windowed, 0, &short, From::Tokens);
+    assert_eq!(tokens, short.greedy, "{name}: golden tokens through a key window");
+    windowed.release(0).expect("release");
+
+    let long = golden(name, "long");
+    let prompt: Vec<u32> = long.input_ids.iter().copied().cycle().take(270).collect();
+    let vocab = windowed.config().vocab;
+    let mut next = Vec::new();
+    for dec in [&mut windowed, &mut reference] {
+        let a = dec.prefill_tokens(0, &prompt, Logits::All).expect("prefill long");
+        let b = dec.prefill_tokens(1, &short.input_ids, Logits::All).expect("prefill short");
+        next.push((a, b));
+    }
+    assert_close(&format!("{name}: long prompt logits"), &next[0].0, &next[1].0, 1e-4);
+    assert_close(&format!("{name}: short prompt logits"), &next[0].1, &next[1].1, 1e-4);
+    let last = |l: &[f32]| argmax(&l[l.len() - vocab..]);
+    let (mut a, mut b) = (last(&next[1].0), last(&next[1].1));
+    for step in 0..40 {
+        let got = windowed.decode(&[(0, a), (1, b)]).expect("decode, windowed");
+        let want = reference.decode(&[(0, a), (1, b)]).expect("decode, whole cache");
+        assert_close(&format!("{name}: step {step}, long stream"), &got[0], &want[0], 1e-4);
+        assert_close(&format!("{name}: step {step}, short stream"), &got[1], &want[1], 1e-4);
+        (a, b) = (argmax(&want[0]), argmax(&want[1]));
+        assert_eq!((argmax(&got[0]), argmax(&got[1])), (a, b), "{name}: step {step}: greedy tokens");
+    }
+    for dec in [&mut windowed, &mut reference] {
+        dec.release(1).expect("release");
+    }
+    for step in 0..5 {
+        let got = windowed.decode(&[(0, a)]).expect("decode alone, windowed").remove(0);
+        let want = reference.decode(&[(0, a)]).expect("decode alone, whole cache").remove(0);
+        assert_close(&format!("{name}: alone, step {step}"), &got, &want, 1e-4);
+        a = argmax(&want);
+    }
+}

@@ -26,6 +26,10 @@
 //! separately declared DUS-only globals), head-major so that attention reads each
 //! head's rows as they lie (see [`KvLayout::global`]). Masks are additive and built by
 //! the host, so causal, padded and family-specific masks all take one path.
+//! Each decode step (`decode`, `decode_rows_W`) also exists as `<name>_r{R}` for each
+//! narrower key window `R` of [`key_windows`]: the same step attending over the first `R`
+//! cache rows of each slot only, its masks `[K, S, R]`; the host calls the narrowest that
+//! holds every row its streams see.
 
 use std::cell::RefCell;
 
@@ -69,7 +73,7 @@ impl BundleShape {
 /// The decoder ABI's version: the exports below, their arguments and results. Part of the
 /// plugin ABI (a plugin's spec is emitted through it) and of every bundle's compile-cache
 /// fingerprint; bumped whenever an export changes.
-pub const DECODER_ABI: u32 = 7;
+pub const DECODER_ABI: u32 = 8;
 
 /// One export of a decoder bundle: its name and, in order, what its arguments and results are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,19 +147,65 @@ pub fn prefill_export(name: &str, width: usize, chunk: usize) -> String {
     if width == chunk { name.to_owned() } else { format!("{name}_{width}") }
 }
 
+/// The narrower key windows a bundle of `shape` exports its decode steps over besides the
+/// whole cache (ascending): quarters, sixteenths and sixty-fourths of the cache rows per slot,
+/// each rounded up to whole chunks, while at least [`MIN_KEY_WINDOW`] rows. Attention reads
+/// and multiplies every cache row of its window, masked or not, so without them every decode
+/// step of a server started with a long context read the keys and values of the whole context
+/// (at 2048 rows, 8 bf16 streams of the shape-real Qwen2-VL-2B decoded at about half the rate
+/// of a 512-row context). Each window compiles every decode export once more (the compiler
+/// runs on one thread), so they are a quarter apart, not a half, and prompts keep the whole
+/// cache: a prefill call attends over `chunk` rows of queries, and its linears dominate.
+pub fn key_windows(shape: BundleShape) -> Vec<usize> {
+    let chunk = shape.chunk.max(1);
+    let mut windows: Vec<usize> = (1..=3)
+        .map(|k| (shape.rows() >> (2 * k)).next_multiple_of(chunk))
+        .filter(|&w| w >= MIN_KEY_WINDOW && w < shape.rows())
+        .collect();
+    windows.sort_unstable();
+    windows.dedup();
+    windows
+}
+
+/// The smallest key window [`key_windows`] makes: narrower ones would save little beside the
+/// weights a step reads, at the price of compiling every attending export once more.
+pub const MIN_KEY_WINDOW: usize = 256;
+
+/// The export of the decode step `name` over the first `keys` cache rows of each slot: `name`
+/// itself over the whole cache, `name_r{keys}` over a narrower window of [`key_windows`].
+pub fn windowed(name: &str, keys: usize, shape: BundleShape) -> String {
+    if keys >= shape.rows() { name.to_owned() } else { format!("{name}_r{keys}") }
+}
+
+/// The narrowest key window of a bundle of `shape` that holds the first `rows` cache rows:
+/// one of [`key_windows`], or the whole cache.
+pub fn key_window_for(rows: usize, shape: BundleShape) -> usize {
+    key_windows(shape).into_iter().find(|&w| w >= rows).unwrap_or(shape.rows())
+}
+
 /// Every export a bundle of `shape` has, by name (the `{W}` of [`EXPORTS`] resolved to each of
-/// [`decode_widths`], the `{P}` to each of [`prefill_widths`]).
+/// [`decode_widths`], the `{P}` to each of [`prefill_widths`], and each decode step also over
+/// each narrower key window of [`key_windows`]).
 pub fn export_names(shape: BundleShape) -> Vec<String> {
     EXPORTS
         .iter()
         .flat_map(|e| {
-            if e.name.ends_with("{W}") {
+            let names: Vec<String> = if e.name.ends_with("{W}") {
                 decode_widths(shape.slots).into_iter().map(decode_rows_export).collect()
             } else if let Some(base) = e.name.strip_suffix("_{P}") {
                 prefill_widths(shape.chunk).into_iter().map(|w| prefill_export(base, w, shape.chunk)).collect()
             } else {
                 vec![e.name.to_owned()]
-            }
+            };
+            let windows: Vec<usize> = if e.name.starts_with("decode") {
+                key_windows(shape).into_iter().chain([shape.rows()]).collect()
+            } else {
+                vec![shape.rows()]
+            };
+            names
+                .into_iter()
+                .flat_map(move |n| windows.clone().into_iter().map(move |w| windowed(&n, w, shape)))
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -414,6 +464,8 @@ struct Emitter<'a> {
     rows: Rows,
     w: &'a Weights,
     cache: Global,
+    /// The cache rows per slot that attention reads: the first `key_rows` (see [`key_windows`]).
+    key_rows: usize,
 }
 
 /// Emits the bundle module for `cfg` on the checkpoint `index`, whose weights `names`
@@ -645,23 +697,24 @@ pub fn emit_bundle(
         }
     });
     let loaded = Weights { embed, embed_extra, split, layers, norm, lm_head, aug };
-    let e = Emitter { cfg, shape, c: contract, rows: Rows::ByCount, w: &loaded, cache };
-    // The prefill exports contract a prompt's rows in one form at every width.
-    let prompt = Emitter { rows: Rows::Prompt, cache: e.cache.clone(), ..e };
-
     let (t, cap, s) = (shape.chunk, shape.rows(), shape.slots);
+    let full = Emitter { cfg, shape, c: contract, rows: Rows::ByCount, w: &loaded, cache, key_rows: cap };
     let i32s = |n: usize| Type::new(Elem::I32, &[n]);
     let scalar = Type::scalar(Elem::I32);
     let kinds = cfg.kinds().len();
     // Positions: one stream, or three (t, h, w) for M-RoPE.
     let streams = if cfg.mrope.is_some() { 3 } else { 1 };
     let pos_ty = |n: usize| if streams == 3 { Type::new(Elem::I32, &[3, n]) } else { Type::new(Elem::I32, &[n]) };
-    let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, cap]);
 
     // embed: raw rows; the token paths below scale them in the graph.
     let (mut f, a) = m.func("embed", &[i32s(t)]);
-    let x = e.rows(&mut f, &a[0]);
+    let x = full.rows(&mut f, &a[0]);
     m.add_func(f, &[x]);
+
+    // The prefill exports contract a prompt's rows in one form at every width, over the whole
+    // cache.
+    let prompt = Emitter { rows: Rows::Prompt, cache: full.cache.clone(), ..full };
+    let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, cap]);
 
     // prefill_embeddings
     // (with injected layers: a further `injections[K, T, H]` added after layers 0..K)
@@ -689,7 +742,7 @@ pub fn emit_bundle(
     );
     m.add_func(f, &[hidden]);
 
-    // prefill_tokens and logits_at, over a whole chunk and over each narrower width
+    // prefill_tokens, over a whole chunk and over each narrower width
     for w in std::iter::once(t).chain(prefill_widths(t)) {
         let (mut f, a) = m.func(
             &prefill_export("prefill_tokens", w, t),
@@ -700,37 +753,59 @@ pub fn emit_bundle(
         let hidden =
             prompt.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
         m.add_func(f, &[hidden]);
+    }
 
-        // logits_at: the head over one row, what serving needs of a prompt (a row, whichever
-        // call it came from: the one-row form).
-        let (mut f, a) = m.func(&prefill_export("logits_at", w, t), &[contract.act(&[w, h]), Type::scalar(Elem::I32)]);
-        let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
-        let row = f.dynamic_slice(&a[0], &[a[1].clone(), zero], &[1, h]);
-        let logits = e.head(&mut f, &row);
+    // The decode steps, once over the whole cache and once over each narrower key window
+    // (`_r{R}`, the first R rows of each slot; the host calls the narrowest that holds every
+    // row its streams see).
+    for keys in key_windows(shape).into_iter().chain([cap]) {
+        let e = Emitter { key_rows: keys, cache: full.cache.clone(), ..full };
+        let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, keys]);
+        let name = |base: &str| windowed(base, keys, shape);
+
+        // decode_rows_W: one token for each of W listed slots, so a few streams do not pay for
+        // a row of every slot (`decode` computes all S rows whichever are in use).
+        for width in decode_widths(s) {
+            let (mut f, a) = m.func(
+                &name(&decode_rows_export(width)),
+                &[i32s(width), pos_ty(width), mask(width), i32s(width), i32s(width)],
+            );
+            let x = e.embed(&mut f, &a[0]);
+            let x = f.reshape(&x, &[width, 1, h]);
+            let (slots, writes) = (f.scalars(&a[3]), f.scalars(&a[4]));
+            let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::Listed(slots), &writes, None, Some(&a[0]));
+            let logits = e.head(&mut f, &hidden);
+            m.add_func(f, &[logits]);
+        }
+
+        // decode: row b is slot b, one token each.
+        let (mut f, a) = m.func(&name("decode"), &[i32s(s), pos_ty(s), i32s(s), mask(s)]);
+        let x = e.embed(&mut f, &a[0]);
+        let x = f.reshape(&x, &[s, 1, h]);
+        let writes = f.scalars(&a[2]);
+        let hidden = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None, Some(&a[0]));
+        let logits = e.head(&mut f, &hidden);
         m.add_func(f, &[logits]);
     }
 
-    // decode_rows_W: one token for each of W listed slots, so a few streams do not pay for a
-    // row of every slot (`decode` computes all S rows whichever are in use).
-    for width in decode_widths(s) {
-        let (mut f, a) =
-            m.func(&decode_rows_export(width), &[i32s(width), pos_ty(width), mask(width), i32s(width), i32s(width)]);
-        let x = e.embed(&mut f, &a[0]);
-        let x = f.reshape(&x, &[width, 1, h]);
-        let (slots, writes) = (f.scalars(&a[3]), f.scalars(&a[4]));
-        let hidden = e.forward(&mut f, &x, &a[1], &a[2], Slots::Listed(slots), &writes, None, Some(&a[0]));
-        let logits = e.head(&mut f, &hidden);
+    // logits_at: the head over one row, what serving needs of a prompt (a row, whichever call
+    // it came from: the one-row form), over a whole chunk and over each narrower width.
+    for w in std::iter::once(t).chain(prefill_widths(t)) {
+        let (mut f, a) = m.func(&prefill_export("logits_at", w, t), &[contract.act(&[w, h]), Type::scalar(Elem::I32)]);
+        let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
+        let row = f.dynamic_slice(&a[0], &[a[1].clone(), zero], &[1, h]);
+        let logits = full.head(&mut f, &row);
         m.add_func(f, &[logits]);
     }
 
     // logits: the head over every row of a prefill's hidden state.
     let (mut f, a) = m.func("logits", &[contract.act(&[t, h])]);
-    let logits = e.head(&mut f, &a[0]);
+    let logits = full.head(&mut f, &a[0]);
     m.add_func(f, &[logits]);
 
     // kv_slot: one slot's cache [L, 2, C, KVH, D], for tests and diagnostics.
     let (mut f, a) = m.func("kv_slot", &[Type::scalar(Elem::I32)]);
-    let all = f.load(&e.cache);
+    let all = f.load(&full.cache);
     let zero = f.splat(&Type::scalar(Elem::I32), 0.0);
     let at = [zero.clone(), zero.clone(), a[0].clone(), zero.clone(), zero.clone(), zero];
     let mut sizes = kv.global(shape);
@@ -740,15 +815,6 @@ pub fn emit_bundle(
     let one = f.transpose(&one, &[0, 1, 3, 2, 4]);
     debug_assert_eq!(one.shape(), kv.slot(cap).as_slice());
     m.add_func(f, &[one]);
-
-    // decode: row b is slot b, one token each.
-    let (mut f, a) = m.func("decode", &[i32s(s), pos_ty(s), i32s(s), mask(s)]);
-    let x = e.embed(&mut f, &a[0]);
-    let x = f.reshape(&x, &[s, 1, h]);
-    let writes = f.scalars(&a[2]);
-    let hidden = e.forward(&mut f, &x, &a[1], &a[3], Slots::All, &writes, None, Some(&a[0]));
-    let logits = e.head(&mut f, &hidden);
-    m.add_func(f, &[logits]);
 
     let declared = declared.into_inner();
     let mut problems = problems.into_inner();
@@ -880,8 +946,8 @@ impl Emitter<'_> {
         tokens: Option<&Value>,
     ) -> Value {
         let (b, t, h) = (x.shape()[0], x.shape()[1], self.cfg.hidden);
-        let cap = self.shape.rows();
-        // Per attention kind: its rotary tables and its mask [B, T, C].
+        let cap = self.key_rows;
+        // Per attention kind: its rotary tables and its mask [B, T, C] (C the key window).
         let mut per_kind: Vec<(LayerKind, Value, Value, Value)> = Vec::new();
         for (i, kind) in self.cfg.kinds().into_iter().enumerate() {
             let (cos, sin) = self.rope_tables(f, kind, pos, b, t);
@@ -1237,10 +1303,10 @@ impl Emitter<'_> {
         cache
     }
 
-    /// Every cache row of plane `plane` of layer `at.layer` in the slots this call uses:
-    /// `[B, N, C, D]` for a cache row of `[n, d]`.
+    /// The first [`Emitter::key_rows`] cache rows of plane `plane` of layer `at.layer` in the
+    /// slots this call uses: `[B, N, C, D]` for a cache row of `[n, d]`, `C` the window.
     fn read_cache(&self, f: &mut Func, cache: &Value, at: &CacheAt, plane: usize, n: usize, d: usize) -> Value {
-        let cap = self.shape.rows();
+        let cap = self.key_rows;
         let idx = |f: &mut Func, v: usize| f.splat(&Type::scalar(Elem::I32), v as f64);
         let one = |f: &mut Func, s: &Value| {
             let (zero, lidx, widx) = (idx(f, 0), idx(f, at.layer), idx(f, plane));
@@ -1288,7 +1354,7 @@ impl Emitter<'_> {
     ) -> (Value, Value) {
         let cfg = self.cfg;
         let (b, t) = (hx.shape()[0], hx.shape()[1]);
-        let (nh, kvh, d, cap) = (cfg.heads, cfg.kv_heads, cfg.head_dim, self.shape.rows());
+        let (nh, kvh, d, cap) = (cfg.heads, cfg.kv_heads, cfg.head_dim, self.key_rows);
         let g = nh / kvh;
         let c = &self.c;
         let style = cfg.norm_style;
@@ -1386,7 +1452,7 @@ impl Emitter<'_> {
         let cfg = self.cfg;
         let m = cfg.mla.expect("invariant: latent weights come from a latent-attention config");
         let (b, t) = (hx.shape()[0], hx.shape()[1]);
-        let (nh, r, p, cap) = (cfg.heads, m.kv_lora_rank, m.rope, self.shape.rows());
+        let (nh, r, p, cap) = (cfg.heads, m.kv_lora_rank, m.rope, self.key_rows);
         let c = &self.c;
         let style = cfg.norm_style;
         let q = match &w.q {
@@ -1599,4 +1665,46 @@ fn normal_quantile(p: f32) -> f32 {
         }
     }
     (std::f64::consts::SQRT_2 * y) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_windows_quarter_the_cache_in_whole_chunks_down_to_the_smallest() {
+        let serve = BundleShape { chunk: 64, capacity: 2048, slots: 8 };
+        assert_eq!(key_windows(serve), [576]);
+        assert_eq!(key_windows(BundleShape { capacity: 8192, ..serve }), [576, 2112]);
+        assert_eq!(key_windows(BundleShape { capacity: 32768, ..serve }), [576, 2112, 8256]);
+        // The bench's 512-row context and the tests' short caches: none.
+        assert!(key_windows(BundleShape { capacity: 512, ..serve }).is_empty());
+        assert!(key_windows(BundleShape { chunk: 32, capacity: 128, slots: 2 }).is_empty());
+        // Whole chunks: a 1024-row chunk's cache of 2048 rows has one window, its first chunk.
+        assert_eq!(key_windows(BundleShape { chunk: 1024, capacity: 1024, slots: 1 }), [1024]);
+        for (rows, window) in [(1, 576), (576, 576), (577, 2112), (2112, 2112)] {
+            assert_eq!(key_window_for(rows, serve), window, "{rows} rows");
+        }
+        assert_eq!(windowed("decode", 576, serve), "decode_r576");
+        assert_eq!(windowed("decode", serve.rows(), serve), "decode");
+    }
+
+    #[test]
+    fn every_decode_step_is_named_once_per_key_window() {
+        let shape = BundleShape { chunk: 64, capacity: 2048, slots: 4 };
+        let names = export_names(shape);
+        for step in ["decode", "decode_rows_1", "decode_rows_2"] {
+            assert!(names.iter().any(|n| n == step), "{step}");
+            assert!(names.iter().any(|n| *n == format!("{step}_r576")), "{step}_r576");
+        }
+        let whole = ["embed", "prefill_tokens", "prefill_tokens_16", "prefill_embeddings", "logits_at_32", "kv_slot"];
+        for name in whole {
+            assert!(names.iter().any(|n| n == name), "{name}");
+            assert!(!names.iter().any(|n| n.starts_with(name) && n.contains("_r")), "{name} has no window");
+        }
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "names are unique");
+    }
 }
