@@ -6,7 +6,7 @@ stories of compare.py's stream prompt, --new tokens each) and prints the tokens 
 stream was decoding, and the cores the server used in the middle of that span. Run it alternately with two
 binaries (A B A B) to compare builds on the same machine:
 
-    $PY tools/bench/streams.py --host /tmp/host-a --model ~/.cache/mlxcel/bench/qwen2vl-2b-bf16-L28-V32 -- --compute bf16 --allow-unqualified
+    $PY tools/bench/streams.py --host /tmp/host-a --plugins /tmp/plugins-a --model ~/.cache/mlxcel/bench/qwen2vl-2b-bf16-L28-V32 -- --compute bf16 --allow-unqualified
 
 Arguments after `--` go to `serve`.
 """
@@ -38,6 +38,7 @@ def server_cores(pid: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", type=Path, default=compare.HOST, help="the mlxcel-host binary")
+    ap.add_argument("--plugins", type=Path, default=compare.PLUGINS, help="the family plugins built with that binary")
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--new", type=int, default=400, help="tokens per stream")
@@ -47,7 +48,7 @@ def main() -> int:
     args = ap.parse_args()
 
     cmd = [str(args.host), "serve", "--model", str(args.model), "--port", "0", "--slots", str(args.streams),
-           "--context", str(args.context), "--chunk", str(args.chunk), "--plugins", str(compare.PLUGINS),
+           "--context", str(args.context), "--chunk", str(args.chunk), "--plugins", str(args.plugins),
            *args.serve_args]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     addr = None
