@@ -33,12 +33,36 @@ pub(crate) fn variants(name: &str) -> Vec<String> {
     out
 }
 
-/// The in-tree plugins, built once for this test binary.
+/// The in-tree plugins, built once for this test run.
+///
+/// `cargo test` runs every test in one process, so the `OnceLock` is enough. `cargo nextest`
+/// runs each test in its own process, and two that started together both replaced the one
+/// directory (one failed with "Directory not empty", or loaded a plugin the other was
+/// removing). So under nextest the directory is the run's own (`NEXTEST_RUN_ID`), its first
+/// process builds it under a file lock, and the others find its stamp.
 pub(crate) fn plugins() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("it-plugins");
-        built_plugins(&dir);
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let Ok(run) = std::env::var("NEXTEST_RUN_ID") else {
+            let dir = tmp.join("it-plugins");
+            built_plugins(&dir);
+            return dir;
+        };
+        let dir = tmp.join(format!("it-plugins-{run}"));
+        let lock = std::fs::File::create(tmp.join("it-plugins.lock")).expect("create the plugin build lock");
+        lock.lock().expect("take the plugin build lock");
+        let stamp = dir.join(".built");
+        if !stamp.exists() {
+            // Earlier runs' directories go first.
+            for entry in std::fs::read_dir(tmp).expect("read the tests' tmp dir").flatten() {
+                if entry.file_name().to_string_lossy().starts_with("it-plugins-") {
+                    std::fs::remove_dir_all(entry.path()).expect("remove an earlier run's plugins");
+                }
+            }
+            built_plugins(&dir);
+            std::fs::write(&stamp, run).expect("stamp the built plugins");
+        }
         dir
     })
 }
