@@ -613,18 +613,16 @@ impl Decoder {
     /// a run of one of `groups` also see every row of every run of their group (a contract's
     /// bidirectional image tokens), in every layer kind.
     ///
-    /// A decode step (`narrow`) takes the narrowest of the bundle's key windows
-    /// ([`graph::key_window_for`]) that holds every row its real rows (`real`) see; a prefill
-    /// call the whole cache. Padding and idle rows see cache row 0 alone, so they attend over
-    /// something finite inside any window (a row that saw nothing would turn NaN, and its NaN
-    /// keys, written into slack rows, would reach every later score through the masked
-    /// columns); their outputs are unused.
+    /// The window is the narrowest of the bundle's key windows ([`graph::key_window_for`])
+    /// that holds every row the real rows (`real`) see. Padding and idle rows see cache row 0
+    /// alone, so they attend over something finite inside any window (a row that saw nothing
+    /// would turn NaN, and its NaN keys, written into slack rows, would reach every later score
+    /// through the masked columns); their outputs are unused.
     fn masks(
         &self,
         queries: &[usize],
         real: impl Fn(usize) -> bool,
         groups: &[Vec<Range<usize>>],
-        narrow: bool,
     ) -> Result<(usize, HostTensor), DecoderError> {
         let capacity = self.options.shape.rows();
         let kinds = self.config.kinds();
@@ -648,9 +646,11 @@ impl Decoder {
                 }
             }
         }
-        let window = if narrow { graph::key_window_for(seen, self.options.shape) } else { capacity };
-        let narrowed: Vec<f32> = mask.chunks_exact(capacity).flat_map(|row| &row[..window]).copied().collect();
-        Ok((window, HostTensor::from_slice(vec![kinds.len(), rows, window], &narrowed)?))
+        let window = graph::key_window_for(seen, self.options.shape);
+        if window < capacity {
+            mask = mask.chunks_exact(capacity).flat_map(|row| &row[..window]).copied().collect();
+        }
+        Ok((window, HostTensor::from_slice(vec![kinds.len(), rows, window], &mask)?))
     }
 
     /// Rows `start..start + real` of every injection, zero-padded to the
@@ -736,7 +736,7 @@ impl Decoder {
                 }
             };
             let pos = chunk_positions(&streams, start, real, width)?;
-            let (_, masks) = self.masks(&(start..start + width).collect::<Vec<_>>(), |r| r < real, groups, false)?;
+            let (keys, masks) = self.masks(&(start..start + width).collect::<Vec<_>>(), |r| r < real, groups)?;
             let mut args = vec![first, pos, masks, HostTensor::scalar(slot as i32), HostTensor::scalar(start as i32)];
             if let Prefill::Embeddings(x, extras) = input
                 && self.config.injected_layers > 0
@@ -754,6 +754,7 @@ impl Decoder {
                 Prefill::Tokens(_) => graph::prefill_export("prefill_tokens", width, chunk),
                 Prefill::Embeddings(..) => "prefill_embeddings".to_owned(),
             };
+            let function = graph::windowed(&function, keys, self.options.shape);
             let out =
                 self.session.call(&format!("decoder.{function}"), &args.iter().map(Arg::from).collect::<Vec<_>>())?;
             let hidden = Arg::Device(&out[0]);
@@ -828,7 +829,7 @@ impl Decoder {
         let queries: Vec<usize> = write.iter().map(|&w| w as usize).collect();
         let n = rows.len();
         let (tokens, pos) = (HostTensor::from_slice(vec![n], &ids)?, self.decode_positions(&pos)?);
-        let (keys, masks) = self.masks(&queries, |r| rows[r].2 != junk, &[], true)?;
+        let (keys, masks) = self.masks(&queries, |r| rows[r].2 != junk, &[])?;
         let write = HostTensor::from_slice(vec![n], &write)?;
         let export = graph::windowed(&export, keys, self.options.shape);
         let args = match partial {

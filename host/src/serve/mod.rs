@@ -50,9 +50,10 @@ pub(crate) struct ServeArgs {
     /// Requests decoded together (KV slots of the compiled bundle).
     #[arg(long, default_value_t = 4)]
     slots: usize,
-    /// Context capacity per slot in tokens (prompt plus generated). Decode steps attend over the
-    /// narrowest key window that holds their streams (quarters of it, down to 256 rows), so a
-    /// long context costs memory and compile time, not the steps of short conversations.
+    /// Context capacity per slot in tokens (prompt plus generated). Prompt chunks and decode
+    /// steps attend over the narrowest key window that holds their rows (quarters of it, down to
+    /// 256 rows), so a long context costs memory and compile time, not the prompts and steps of
+    /// short conversations.
     #[arg(long, default_value_t = 2048)]
     context: usize,
     /// Prefill chunk of the compiled bundle in tokens (the context must be a multiple).

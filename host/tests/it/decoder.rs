@@ -1010,11 +1010,12 @@ fn golden_eps(bytes: &[u8]) -> f64 {
     eps.parse().expect("eps")
 }
 
-/// A bundle with a narrower key window (a long context) decodes over the first rows of each
-/// slot only while its streams are short, and gives what a bundle without one gives: the
-/// golden tokens, and, for a long prompt and a short one decoding together across the window's
-/// edge (288 rows: the `decode` export) and then one alone (`decode_rows_1`), the logits of the
-/// same calls on a bundle whose every step reads its whole cache. Grouped-query attention,
+/// A bundle with a narrower key window (a long context) prefills and decodes over the first
+/// rows of each slot only while its streams are short, and gives what a bundle without one
+/// gives: the golden tokens, and, for a long prompt (its chunks through the window, the last
+/// ending on its edge) and a short one, then both decoding together across the window's edge
+/// (288 rows: the `decode` export) and then one alone (`decode_rows_1`), the logits of the
+/// same calls on a bundle whose every call reads its whole cache. Grouped-query attention,
 /// sliding layers beside full ones (two masks), and latent attention.
 #[test]
 fn key_windows_attend_as_the_whole_cache() {
@@ -1065,4 +1066,19 @@ fn check_key_window(name: &str) {
         assert_close(&format!("{name}: alone, step {step}"), &got, &want, 1e-4);
         a = argmax(&want);
     }
+
+    // Prompts alone: one row past the window (its last call sees row 288, so it reads the
+    // whole cache), and the 270 rows again for their last row only (the last call through a
+    // narrower export inside the window).
+    let past: Vec<u32> = long.input_ids.iter().copied().cycle().take(289).collect();
+    let mut got = Vec::new();
+    for dec in [&mut windowed, &mut reference] {
+        dec.release(0).expect("release");
+        let all = dec.prefill_tokens(0, &past, Logits::All).expect("prefill past the window");
+        dec.release(0).expect("release");
+        let last = dec.prefill_tokens(0, &prompt, Logits::Last).expect("prefill, last row");
+        got.push((all, last));
+    }
+    assert_close(&format!("{name}: a prompt one row past the window"), &got[0].0, &got[1].0, 1e-4);
+    assert_close(&format!("{name}: the last row through a narrower export"), &got[0].1, &got[1].1, 1e-4);
 }

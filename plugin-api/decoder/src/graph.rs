@@ -73,7 +73,7 @@ impl BundleShape {
 /// The decoder ABI's version: the exports below, their arguments and results. Part of the
 /// plugin ABI (a plugin's spec is emitted through it) and of every bundle's compile-cache
 /// fingerprint; bumped whenever an export changes.
-pub const DECODER_ABI: u32 = 8;
+pub const DECODER_ABI: u32 = 9;
 
 /// One export of a decoder bundle: its name and, in order, what its arguments and results are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,16 +147,15 @@ pub fn prefill_export(name: &str, width: usize, chunk: usize) -> String {
     if width == chunk { name.to_owned() } else { format!("{name}_{width}") }
 }
 
-/// The narrower key windows a bundle of `shape` exports its decode steps over besides the
-/// whole cache (ascending): quarters, sixteenths and sixty-fourths of the cache rows per slot,
-/// each rounded up to whole chunks, while at least [`MIN_KEY_WINDOW`] rows. Attention reads
-/// and multiplies every cache row of its window, masked or not, so without them every decode
-/// step of a server started with a long context read the keys and values of the whole context
-/// (8 bf16-compute streams of the shape-real Qwen2-VL-2B at 2048 rows: 37 to 39 tok/s over
-/// the whole cache, 56 to 57 over a window of 576). Each window compiles every decode export
-/// once more (the compiler runs on one thread), so they are a quarter apart, not a half, and
-/// prompts keep the whole cache: a prefill call attends over `chunk` rows of queries, and its
-/// linears dominate.
+/// The narrower key windows a bundle of `shape` exports its attending calls (prompt chunks
+/// and decode steps, [`attends`]) over besides the whole cache (ascending): quarters,
+/// sixteenths and sixty-fourths of the cache rows per slot, each rounded up to whole chunks,
+/// while at least [`MIN_KEY_WINDOW`] rows. Attention reads and multiplies every cache row of
+/// its window, masked or not, so without them every call of a server started with a long
+/// context read the keys and values of the whole context (8 bf16-compute streams of the
+/// shape-real Qwen2-VL-2B at 2048 rows: 37 to 39 tok/s over the whole cache, 56 to 57 over a
+/// window of 576). Each window compiles every attending export once more (the compiler runs
+/// on one thread), so they are a quarter apart, not a half.
 pub fn key_windows(shape: BundleShape) -> Vec<usize> {
     let chunk = shape.chunk.max(1);
     let mut windows: Vec<usize> = (1..=3)
@@ -172,8 +171,14 @@ pub fn key_windows(shape: BundleShape) -> Vec<usize> {
 /// weights a step reads, at the price of compiling every decode export once more.
 pub const MIN_KEY_WINDOW: usize = 256;
 
-/// The export of the decode step `name` over the first `keys` cache rows of each slot: `name`
-/// itself over the whole cache, `name_r{keys}` over a narrower window of [`key_windows`].
+/// Whether the export `name` (an [`EXPORTS`] name, resolved or not) attends over the cache,
+/// and so is also emitted over each key window: the prompt chunks and the decode steps.
+pub fn attends(name: &str) -> bool {
+    name.starts_with("prefill_") || name.starts_with("decode")
+}
+
+/// The export of the attending call `name` over the first `keys` cache rows of each slot:
+/// `name` itself over the whole cache, `name_r{keys}` over a narrower window of [`key_windows`].
 pub fn windowed(name: &str, keys: usize, shape: BundleShape) -> String {
     if keys >= shape.rows() { name.to_owned() } else { format!("{name}_r{keys}") }
 }
@@ -185,8 +190,8 @@ pub fn key_window_for(rows: usize, shape: BundleShape) -> usize {
 }
 
 /// Every export a bundle of `shape` has, by name (the `{W}` of [`EXPORTS`] resolved to each of
-/// [`decode_widths`], the `{P}` to each of [`prefill_widths`], and each decode step also over
-/// each narrower key window of [`key_windows`]).
+/// [`decode_widths`], the `{P}` to each of [`prefill_widths`], and each call that
+/// [`attends`] also over each narrower key window of [`key_windows`]).
 pub fn export_names(shape: BundleShape) -> Vec<String> {
     EXPORTS
         .iter()
@@ -198,7 +203,7 @@ pub fn export_names(shape: BundleShape) -> Vec<String> {
             } else {
                 vec![e.name.to_owned()]
             };
-            let windows: Vec<usize> = if e.name.starts_with("decode") {
+            let windows: Vec<usize> = if attends(e.name) {
                 key_windows(shape).into_iter().chain([shape.rows()]).collect()
             } else {
                 vec![shape.rows()]
@@ -712,57 +717,56 @@ pub fn emit_bundle(
     let x = full.rows(&mut f, &a[0]);
     m.add_func(f, &[x]);
 
-    // The prefill exports contract a prompt's rows in one form at every width, over the whole
-    // cache.
-    let prompt = Emitter { rows: Rows::Prompt, cache: full.cache.clone(), ..full };
-    let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, cap]);
-
-    // prefill_embeddings
-    // (with injected layers: a further `injections[K, T, H]` added after layers 0..K)
-    // (with per-layer inputs: a further `tokens[T]`, the rows' ids)
-    let mut args = vec![contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()];
-    if cfg.injected_layers > 0 {
-        args.push(contract.act(&[cfg.injected_layers, t, h]));
-    }
-    if cfg.per_layer_inputs.is_some() {
-        args.push(i32s(t));
-    }
-    let (mut f, a) = m.func("prefill_embeddings", &args);
-    let x = f.reshape(&a[0], &[1, t, h]);
-    let injections = (cfg.injected_layers > 0).then(|| a[5].clone());
-    let row_tokens = cfg.per_layer_inputs.is_some().then(|| a[a.len() - 1].clone());
-    let hidden = prompt.forward(
-        &mut f,
-        &x,
-        &a[1],
-        &a[2],
-        Slots::One(a[3].clone()),
-        &[a[4].clone()],
-        injections,
-        row_tokens.as_ref(),
-    );
-    m.add_func(f, &[hidden]);
-
-    // prefill_tokens, over a whole chunk and over each narrower width
-    for w in std::iter::once(t).chain(prefill_widths(t)) {
-        let (mut f, a) = m.func(
-            &prefill_export("prefill_tokens", w, t),
-            &[i32s(w), pos_ty(w), mask(w), scalar.clone(), scalar.clone()],
-        );
-        let x = prompt.embed(&mut f, &a[0]);
-        let x = f.reshape(&x, &[1, w, h]);
-        let hidden =
-            prompt.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
-        m.add_func(f, &[hidden]);
-    }
-
-    // The decode steps, once over the whole cache and once over each narrower key window
-    // (`_r{R}`, the first R rows of each slot; the host calls the narrowest that holds every
-    // row its streams see).
+    // Every export that attends, once over the whole cache and once over each narrower key
+    // window (`_r{R}`, the first R rows of each slot; the host calls the narrowest that holds
+    // every row the call's queries see). Writes go to the whole cache, so a prompt chunk whose
+    // padding rows fall past the window still writes where its start says.
     for keys in key_windows(shape).into_iter().chain([cap]) {
         let e = Emitter { key_rows: keys, cache: full.cache.clone(), ..full };
         let mask = |n: usize| Type::new(Elem::F32, &[kinds, n, keys]);
         let name = |base: &str| windowed(base, keys, shape);
+
+        // The prefill exports contract a prompt's rows in one form at every width.
+        let prompt = Emitter { rows: Rows::Prompt, cache: full.cache.clone(), ..e };
+
+        // prefill_embeddings
+        // (with injected layers: a further `injections[K, T, H]` added after layers 0..K)
+        // (with per-layer inputs: a further `tokens[T]`, the rows' ids)
+        let mut args = vec![contract.act(&[t, h]), pos_ty(t), mask(t), scalar.clone(), scalar.clone()];
+        if cfg.injected_layers > 0 {
+            args.push(contract.act(&[cfg.injected_layers, t, h]));
+        }
+        if cfg.per_layer_inputs.is_some() {
+            args.push(i32s(t));
+        }
+        let (mut f, a) = m.func(&name("prefill_embeddings"), &args);
+        let x = f.reshape(&a[0], &[1, t, h]);
+        let injections = (cfg.injected_layers > 0).then(|| a[5].clone());
+        let row_tokens = cfg.per_layer_inputs.is_some().then(|| a[a.len() - 1].clone());
+        let hidden = prompt.forward(
+            &mut f,
+            &x,
+            &a[1],
+            &a[2],
+            Slots::One(a[3].clone()),
+            &[a[4].clone()],
+            injections,
+            row_tokens.as_ref(),
+        );
+        m.add_func(f, &[hidden]);
+
+        // prefill_tokens, over a whole chunk and over each narrower width
+        for w in std::iter::once(t).chain(prefill_widths(t)) {
+            let (mut f, a) = m.func(
+                &name(&prefill_export("prefill_tokens", w, t)),
+                &[i32s(w), pos_ty(w), mask(w), scalar.clone(), scalar.clone()],
+            );
+            let x = prompt.embed(&mut f, &a[0]);
+            let x = f.reshape(&x, &[1, w, h]);
+            let hidden =
+                prompt.forward(&mut f, &x, &a[1], &a[2], Slots::One(a[3].clone()), &[a[4].clone()], None, Some(&a[0]));
+            m.add_func(f, &[hidden]);
+        }
 
         // decode_rows_W: one token for each of W listed slots, so a few streams do not pay for
         // a row of every slot (`decode` computes all S rows whichever are in use).
@@ -1691,15 +1695,25 @@ mod tests {
     }
 
     #[test]
-    fn every_decode_step_is_named_once_per_key_window() {
+    fn every_call_that_attends_is_named_once_per_key_window() {
         let shape = BundleShape { chunk: 64, capacity: 2048, slots: 4 };
         let names = export_names(shape);
-        for step in ["decode", "decode_rows_1", "decode_rows_2"] {
-            assert!(names.iter().any(|n| n == step), "{step}");
-            assert!(names.iter().any(|n| *n == format!("{step}_r576")), "{step}_r576");
+        let attending = [
+            "decode",
+            "decode_rows_1",
+            "decode_rows_2",
+            "prefill_tokens",
+            "prefill_tokens_16",
+            "prefill_tokens_32",
+            "prefill_embeddings",
+        ];
+        for call in attending {
+            assert!(attends(call), "{call}");
+            assert!(names.iter().any(|n| n == call), "{call}");
+            assert!(names.iter().any(|n| *n == format!("{call}_r576")), "{call}_r576");
         }
-        let whole = ["embed", "prefill_tokens", "prefill_tokens_16", "prefill_embeddings", "logits_at_32", "kv_slot"];
-        for name in whole {
+        for name in ["embed", "logits", "logits_at", "logits_at_32", "kv_slot"] {
+            assert!(!attends(name), "{name}");
             assert!(names.iter().any(|n| n == name), "{name}");
             assert!(!names.iter().any(|n| n.starts_with(name) && n.contains("_r")), "{name} has no window");
         }
