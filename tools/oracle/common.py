@@ -374,8 +374,9 @@ def extend_inputs(inputs: dict[str, torch.Tensor], token: int) -> dict[str, torc
 
 
 @torch.no_grad()
-def greedy(model, inputs: dict[str, torch.Tensor], steps: int = GREEDY_TOKENS):
-    """Greedy decoding with the KV cache (`generate`), cross-checked against full recomputation.
+def greedy(model, inputs: dict[str, torch.Tensor], steps: int = GREEDY_TOKENS, recompute: bool = True):
+    """Greedy decoding with the KV cache (`generate`), cross-checked against full recomputation unless
+    `recompute` is false.
 
     Returns (tokens, step_logits [steps, V], margins [steps]) where step i's logits are the ones token i was
     picked from (step 0: last prefill position)."""
@@ -390,7 +391,7 @@ def greedy(model, inputs: dict[str, torch.Tensor], steps: int = GREEDY_TOKENS):
     assert len(tokens) == steps and step_logits.argmax(-1).tolist() == tokens
 
     cur = dict(inputs)
-    for t in tokens:
+    for t in tokens if recompute else []:
         nxt = int(model(**cur, use_cache=False).logits[0, -1].argmax())
         if nxt != t:
             raise RuntimeError(f"cached greedy {tokens} diverges from full recompute at token {t} vs {nxt}")
@@ -428,6 +429,7 @@ def reference_goldens(
     position_rows: int | None = None,
     store_masks: bool = True,
     cut_at_tie: bool = False,
+    stages_only: bool = False,
 ) -> Golden:
     """Run one prompt through the reloaded reference model and collect every stage.
 
@@ -436,7 +438,10 @@ def reference_goldens(
     position_rows: keep only the last `position_rows` rows of 3-D position ids (M-RoPE: 3).
     cut_at_tie: instead of refusing a greedy run whose margin falls under MIN_GREEDY_MARGIN, keep its tokens (and
     decode logits and margins) before the first such step, and say so in `greedy_cut` (bf16 logits tie exactly
-    often enough that some variants of a bf16-compute fixture have such a step; the prompt logits stay whole)."""
+    often enough that some variants of a bf16-compute fixture have such a step; the prompt logits stay whole).
+    stages_only: record the greedy tokens as `generate` picks them, without the recompute cross-check or the margin
+    guard: for a random-weight checkpoint at real width, whose near-uniform logits tie, the stages are the golden
+    and the tokens are not."""
     g = Golden()
     ids = inputs["input_ids"]
     n = ids.shape[1]
@@ -469,8 +474,8 @@ def reference_goldens(
             g.put(f"attention_mask.{kind}", mask_to_allowed(m, n))
     g.put("logits", logits)
 
-    tokens, step_logits, margins = greedy(model, inputs)
-    if float(margins.min()) < MIN_GREEDY_MARGIN:
+    tokens, step_logits, margins = greedy(model, inputs, recompute=not stages_only)
+    if float(margins.min()) < MIN_GREEDY_MARGIN and not stages_only:
         if not cut_at_tie:
             raise RuntimeError(f"greedy margin {float(margins.min()):.2e} < {MIN_GREEDY_MARGIN}: pick another prompt")
         cut = int((margins < MIN_GREEDY_MARGIN).nonzero()[0, 0])
