@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
 """Goldens for a shape-real Qwen2-VL checkpoint, so `plugins verify` can hold a compute mode to transformers at real
-widths, where the tiny fixtures' sums are too short to show a difference of summation order.
+widths: the tiny fixtures' sums are a few dozen terms long, a real model's thousands.
 
 Makes OUT a fixture directory: symlinks to the checkpoint's files, the bench's 448x448 synthetic picture as
 inputs/synthetic.png, and goldens/image.{safetensors,json} for "Describe this image." with that picture (311 prompt
 rows), every stage recorded by tools/oracle's reference_goldens with transformers' eager attention in --dtype. The
 checkpoint's weights are random, so its logits tie: the greedy tokens are recorded as transformers' cached
-`generate` picks them (`stages_only`), and only the stages are the golden. Then:
-
-    mlxcel-host plugins verify target/plugins/qwen2_vl.toml --fixture OUT --compute bf16 --allow-unqualified
+`generate` picks them (`stages_only`), and only the stages are the golden:
 
     $PY tools/bench/real_width.py --model ~/.cache/mlxcel/bench/qwen2vl-2b-bf16-L28-V32 --out /tmp/real-width
+    mlxcel-host plugins verify target/plugins/qwen2_vl.toml --fixture /tmp/real-width --compute bf16 --allow-unqualified
 """
 
 from __future__ import annotations

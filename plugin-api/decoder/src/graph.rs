@@ -168,7 +168,7 @@ pub fn key_windows(shape: BundleShape) -> Vec<usize> {
 }
 
 /// The smallest key window [`key_windows`] makes: narrower ones would save little beside the
-/// weights a step reads, at the price of compiling every decode export once more.
+/// weights a call reads, at the price of compiling every attending export once more.
 pub const MIN_KEY_WINDOW: usize = 256;
 
 /// Whether the export `name` (an [`EXPORTS`] name, resolved or not) attends over the cache,
