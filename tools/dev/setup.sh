@@ -57,12 +57,15 @@ case "$cmake_version" in
   *) die "cmake $cmake_version in $venv is older than 3.26; delete $venv and re-run" ;;
 esac
 
-# 3. eerie-sys with its always-dirty rerun-if-changed removed. The workspace
+# 3. eerie-sys with its always-dirty rerun-if-changed removed, and the IREE
+# runtime's VM instruction tables generated into its source tree. The workspace
 # Cargo.toml patches eerie-sys to this directory, so cargo needs it before it
 # can resolve anything; a throwaway project fetches the pristine crate from
-# crates.io (checksum-verified by cargo) to copy from.
+# crates.io (checksum-verified by cargo) to copy from. The marker names the
+# version of these edits, so an older copy is made again.
 patched="$root/.deps/eerie-sys"
-if [ ! -f "$patched/.mlxcel-patched" ]; then
+marker=".mlxcel-patched-2"
+if [ ! -f "$patched/$marker" ]; then
   fetch="$root/.deps/fetch"
   mkdir -p "$fetch/src"
   cat > "$fetch/Cargo.toml" <<'TOML'
@@ -97,7 +100,18 @@ if old not in text:
     sys.exit("setup: error: eerie-sys build.rs changed; the rerun patch no longer applies")
 open(path, "w").write(text.replace(old, ""))
 PY
-  touch "$patched.tmp/.mlxcel-patched"
+  # The runtime's CMake build generates op_table.h and encoding_table.h (from
+  # isa.json) in a custom command that the bytecode utils objects, which include
+  # them, are not ordered after: under make -j a new build could compile
+  # block_list.c first and fail ("iree/vm/bytecode/isa/op_table.h: No such file
+  # or directory"; building that objects target alone fails every time). In the
+  # source tree the headers are found whatever the order; the build's own copies
+  # in its binary tree are the same bytes.
+  isa="$patched.tmp/iree/runtime/src/iree/vm/bytecode/isa"
+  "$venv/bin/python" "$patched.tmp/iree/build_tools/scripts/generate_vm_isa.py" --schema "$isa/isa.json" \
+    --op-table "$isa/op_table.h" --encoding-table-header "$isa/encoding_table.h" \
+    || die "could not generate the IREE runtime's VM instruction tables"
+  touch "$patched.tmp/$marker"
   rm -rf "$patched"
   mv "$patched.tmp" "$patched"
 fi
