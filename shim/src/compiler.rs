@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use eerie::compiler::{MemBufferOutput, Pipeline};
+
 use crate::error::{Error, Result};
 
 /// The IREE release this build's runtime is; the compiler must match it.
@@ -191,12 +193,10 @@ impl Compiler {
     pub fn load(path: &Path) -> Result<Self> {
         let mut inner = eerie::compiler::Compiler::with_library(path)
             .map_err(|e| Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() })?;
-        // One compiler thread per session. IREE 3.13 parses a tuning spec under a lock while its
-        // pass manager configures executables in parallel, and a compile then deadlocked (a
-        // worker waiting on that lock in `getOrLoadTransformLibraryModule` forever); the option
-        // is process-wide, set once. A decoder bundle compiled no slower on 2 cores (9.0 s
-        // against 9.7 s with threads).
-        match inner.setup_global_cl(vec!["mlxcel".to_owned(), "--mlir-disable-threading".to_owned()]) {
+        // The process-wide options: none beyond the program name. MLIR threading stays on, so a
+        // session compiles its executables on every core (see `Compiler::compile` for what that
+        // takes with a tuning spec).
+        match inner.setup_global_cl(vec!["mlxcel".to_owned()]) {
             Ok(_) | Err(eerie::compiler::CompilerError::GlobalCLAlreadySet) => {}
             Err(e) => return Err(Error::CompilerLoad { path: path.to_owned(), reason: e.to_string() }),
         }
@@ -242,14 +242,52 @@ impl Compiler {
         // sessions crashed (SIGSEGV) on IREE 3.13 with decoder-sized modules.
         let _guard = crate::lock::IreeLock::acquire();
         let started = std::time::Instant::now();
-        let vmfb = self
-            .inner
-            .compile_str(mlir, &flags)
-            .map_err(|e| Error::Compile { what: what.to_owned(), diagnostics: describe_compiler_error(e) })?;
+        let failed = |e| Error::Compile { what: what.to_owned(), diagnostics: describe_compiler_error(e) };
+        let with_spec = flags.iter().any(|f| f.starts_with("--iree-codegen-tuning-spec-path="));
+        let mut session = self.inner.create_session();
+        session.set_flags(flags).map_err(failed)?;
+        if with_spec {
+            load_tuning_spec(&session).map_err(failed)?;
+        }
+        let source = session.create_source_from_buf(mlir.as_bytes()).map_err(failed)?;
+        let mut invocation = session.create_invocation();
+        let mut output = MemBufferOutput::new(&self.inner).map_err(failed)?;
+        invocation
+            .parse_source(source)
+            .map_err(failed)?
+            .set_verify_ir(true)
+            .pipeline(Pipeline::Std)
+            .map_err(failed)?
+            .output_vm_byte_code(&mut output)
+            .map_err(failed)?;
+        let vmfb = output.map_memory().map_err(failed)?.to_vec();
         drop(spec);
         tracing::info!(bytes = vmfb.len(), elapsed_ms = started.elapsed().as_millis() as u64, "compiled");
         Ok(vmfb)
     }
+}
+
+/// A module of one dispatch, compiled up to its executables' configurations.
+const ONE_DISPATCH: &str = "func.func @load_tuning_spec(%a: tensor<16xf32>) -> tensor<16xf32> {
+  %b = stablehlo.add %a, %a : tensor<16xf32>
+  return %b : tensor<16xf32>
+}
+";
+
+/// Loads the session's tuning spec into its context before any module of ours is compiled in
+/// it, by configuring a module of one dispatch (the spec is parsed when the first executable is
+/// configured, and kept by the context). With MLIR threading on, a decoder bundle's compile
+/// once deadlocked: a worker waited forever on the lock under which IREE 3.13's
+/// `getOrLoadTransformLibraryModule` parses the spec. What the sources show: the parse verifies
+/// the spec's named sequences in parallel, and a pool thread that waits for such tasks runs
+/// whichever task is queued next (LLVM's `StdThreadPool::processTasks`), which can be another
+/// executable's configuration asking for the same lock on the same thread. With one executable
+/// nothing is queued beside the parse, and afterwards every executable finds the spec loaded.
+fn load_tuning_spec(session: &eerie::compiler::Session<'_>) -> std::result::Result<(), eerie::compiler::CompilerError> {
+    let source = session.create_source_from_buf(ONE_DISPATCH.as_bytes())?;
+    let mut invocation = session.create_invocation();
+    invocation.parse_source(source)?.set_compile_to_phase("executable-configurations")?.pipeline(Pipeline::Std)?;
+    Ok(())
 }
 
 /// `target` without the flags whose option one of `extra` sets: a module's flag replaces the

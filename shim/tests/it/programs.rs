@@ -95,6 +95,19 @@ fn compile_errors_carry_the_compiler_diagnostics() {
 }
 
 #[test]
+fn a_compile_loads_its_tuning_spec_before_its_own_executables() {
+    // Compiles run with MLIR threading on; the spec must be loaded by the compile's one-dispatch
+    // module first (see `load_tuning_spec`), so a spec that cannot be loaded fails there.
+    let target = mlxcel_shim::Target::host_cpu();
+    let add = "func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n  %y = stablehlo.add %x, %x : tensor<4xf32>\n  return %y : tensor<4xf32>\n}";
+    let flags = ["--iree-codegen-tuning-spec-path=/nonexistent/spec.mlir".to_owned()];
+    let err = crate::support::compiler().compile("spec-first", add, &target, &flags).unwrap_err().to_string();
+    assert!(err.contains("Failed to load tuning spec"), "{err}");
+    assert!(err.contains("@load_tuning_spec"), "the one-dispatch module loads the spec first: {err}");
+    assert!(!err.contains("@f("), "the module itself never reached its configuration: {err}");
+}
+
+#[test]
 fn an_asynchronous_call_runs_while_another_device_is_used_and_gives_the_same_results() {
     let flags = ["--iree-execution-model=async-external".to_owned()];
     let asynchronous = compile_with("attn", ATTENTION, &flags);
