@@ -15,11 +15,11 @@ use mlxcel_host::{
     sampling::{History, Sampler, SamplingParams},
     text::{ChatTemplate, Content, Detokenizer, Message, Part, Tokenizer, stop_tokens},
 };
-use mlxcel_plugin_api::{EncoderCompute, QualificationPolicy};
+use mlxcel_plugin_api::QualificationPolicy;
 use mlxcel_shim::{CacheOutcome, Compiler, Device, Driver, Target};
 
 use crate::exec::{Compute, DeviceArgs};
-use crate::multimodal::{Encoders, MediaModel, MediaRequest};
+use crate::multimodal::{Encoders, MediaModel, MediaRequest, encoder_compute};
 use crate::plugins::PluginDir;
 
 /// What to generate from, and how.
@@ -199,7 +199,7 @@ fn run(args: &GenerateArgs) -> Result<()> {
     } else {
         plugins = args.plugins.scan()?;
         let policy = QualificationPolicy { allow_unqualified: args.allow_unqualified };
-        let compute = contract.as_ref().map_or(EncoderCompute::F32, EncoderCompute::beside);
+        let compute = encoder_compute(contract.as_ref());
         let media = MediaRequest::open(&plugins.1, &plugins.0, dir, (&args.images, &args.audio), policy, compute)?;
         let spec = media.decoder_spec()?;
         (Some(media), spec, None)

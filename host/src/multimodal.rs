@@ -373,6 +373,12 @@ pub(crate) enum MediaRefusal {
 
 /// The decoder spec `plugin` brings for the checkpoint `config` describes; `None` reads the
 /// preset for its text model type.
+/// The compute of the encoders beside a decoder computing under `decoder` (`None`: f32 compute):
+/// the same activations and sums.
+pub(crate) fn encoder_compute(decoder: Option<&mlxcel_emit::NumericContract>) -> EncoderCompute {
+    decoder.map_or(EncoderCompute::F32, EncoderCompute::beside)
+}
+
 pub(crate) fn decoder_spec(plugin: &LoadedPlugin, config: &ModelConfig) -> Result<Option<DecoderSpec>> {
     plugin.decoder_spec(config).with_context(|| format!("the {} plugin's text decoder", plugin.name()))
 }
@@ -904,7 +910,7 @@ impl<'a> Encoders<'a> {
         Self {
             checkpoint: checkpoint.to_owned(),
             device_args,
-            compute: decoder.map_or(EncoderCompute::F32, EncoderCompute::beside),
+            compute: encoder_compute(decoder),
             device: None,
             parameters: HashMap::new(),
             sessions: HashMap::new(),

@@ -24,11 +24,11 @@ use mlxcel_host::engine::SchedulerConfig;
 /// The text module as `request.rs` names it (`super::text`), which `fuzz/` compiles beside it.
 use mlxcel_host::text;
 use mlxcel_host::text::{ChatTemplate, Tokenizer, stop_tokens};
-use mlxcel_plugin_api::{EncoderCompute, QualificationPolicy};
+use mlxcel_plugin_api::QualificationPolicy;
 use mlxcel_shim::{Compiler, Device, Driver, Target};
 
 use crate::exec::{Compute, DeviceArgs};
-use crate::multimodal::{Encoders, MAX_INPUT_PIXELS, MediaModel};
+use crate::multimodal::{Encoders, MAX_INPUT_PIXELS, MediaModel, encoder_compute};
 use crate::plugins::PluginDir;
 
 #[derive(Debug, clap::Args)]
@@ -185,7 +185,7 @@ fn run(args: ServeArgs, compile_only: bool) -> Result<()> {
     // The plugin set lives as long as the process (plugin libraries are never unloaded), so
     // requests borrow it for 'static.
     let contract = args.compute.contract(args.allow_unqualified, &args.device.target_cpu)?;
-    let compute = contract.as_ref().map_or(EncoderCompute::F32, EncoderCompute::beside);
+    let compute = encoder_compute(contract.as_ref());
     let media: Option<&'static MediaModel<'static>> = match &args.plugins.dir() {
         None => None,
         Some(_) => {
