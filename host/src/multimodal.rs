@@ -371,14 +371,14 @@ pub(crate) enum MediaRefusal {
     TooMany { images: usize, limit: u32, plugin: String },
 }
 
-/// The decoder spec `plugin` brings for the checkpoint `config` describes; `None` reads the
-/// preset for its text model type.
 /// The compute of the encoders beside a decoder computing under `decoder` (`None`: f32 compute):
 /// the same activations and sums.
 pub(crate) fn encoder_compute(decoder: Option<&mlxcel_emit::NumericContract>) -> EncoderCompute {
     decoder.map_or(EncoderCompute::F32, EncoderCompute::beside)
 }
 
+/// The decoder spec `plugin` brings for the checkpoint `config` describes; `None` reads the
+/// preset for its text model type.
 pub(crate) fn decoder_spec(plugin: &LoadedPlugin, config: &ModelConfig) -> Result<Option<DecoderSpec>> {
     plugin.decoder_spec(config).with_context(|| format!("the {} plugin's text decoder", plugin.name()))
 }
