@@ -93,14 +93,18 @@ class Image:
                         name_ptrs.append((r_offset, s))
         fn_ptrs.sort()
         name_ptrs.sort()
-        # The function-pointer array is the run of consecutive slots as long as the names array.
-        n = len(name_ptrs)
-        runs = _runs(fn_ptrs)
-        fns = next((r for r in runs if len(r) == n), None)
-        if fns is None:
+        # The two arrays are the longest runs of consecutive slots of the same length. Other
+        # pointers can land on a name too: the linker merges a string that is the tail of a longer
+        # one into it (an encoder's `..._dispatch_5_...` inside `main_dispatch_15_...`).
+        pair = max(
+            ((f, m) for f in _runs(fn_ptrs) for m in _runs(name_ptrs) if len(f) == len(m)),
+            key=lambda fm: len(fm[0]),
+            default=None,
+        )
+        if pair is None:
             pairs = [(a, f"{self.module}:fn@{a:#x}") for _, a in fn_ptrs]
         else:
-            pairs = [(a, f"{self.module}:{nm}") for (_, a), (_, nm) in zip(fns, name_ptrs)]
+            pairs = [(a, f"{self.module}:{nm}") for (_, a), (_, nm) in zip(*pair)]
         pairs.sort()
         return [a for a, _ in pairs], [nm for _, nm in pairs]
 
