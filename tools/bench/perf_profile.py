@@ -95,7 +95,7 @@ class Image:
         name_ptrs.sort()
         # The two arrays are the longest runs of consecutive slots of the same length. Other
         # pointers can land on a name too: the linker merges a string that is the tail of a longer
-        # one into it (an encoder's `..._dispatch_5_...` inside `main_dispatch_15_...`).
+        # one into it (in an encoder, a pointer to `_dispatch_5_...`, the tail of `main_dispatch_5_...`).
         pair = max(
             ((f, m) for f in _runs(fn_ptrs) for m in _runs(name_ptrs) if len(f) == len(m)),
             key=lambda fm: len(fm[0]),
