@@ -23,6 +23,10 @@ use crate::{
 /// as written.
 const CACHE_FORMAT: &str = "mlxcel-compile-cache-v2";
 
+/// The environment variable naming a directory into which each module asked of the cache is
+/// written as its MLIR, its flags and its tuning spec ([`crate::compiler::dump`]).
+pub const DUMP_ENV: &str = "MLXCEL_DUMP_MLIR";
+
 /// What to compile.
 #[derive(Clone, Debug)]
 pub struct CompileRequest<'a> {
@@ -121,6 +125,10 @@ impl CompileCache {
         compiler: &Compiler,
         request: &CompileRequest<'_>,
     ) -> Result<(Artifact, CacheOutcome)> {
+        // For inspecting what the compiler is given: every module, whether compiled or cached.
+        if let Some(dir) = std::env::var_os(DUMP_ENV) {
+            crate::compiler::dump(Path::new(&dir), request.name, request.mlir, request.target, request.flags);
+        }
         let key = CompileCache::key(compiler.revision(), request);
         let path = self.entry_path(&key);
         let mut replaced = false;

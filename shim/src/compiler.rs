@@ -222,28 +222,22 @@ impl Compiler {
     /// in errors; `extra_flags` follow the target's flags and its tuning spec, replacing any for
     /// the same option (a `--iree-codegen-tuning-spec-path` of their own replaces the target's).
     pub fn compile(&self, what: &str, mlir: &str, target: &Target, extra_flags: &[String]) -> Result<Vec<u8>> {
-        let mut flags = target.flags();
         // The compiler reads the spec from a file; it lives as long as this call.
         let spec = match target.tuning_spec() {
-            Some(text) => {
-                let file = write_spec(&text).map_err(|e| Error::Compile {
-                    what: what.to_owned(),
-                    diagnostics: format!("could not write the tuning spec to a temporary file: {e}"),
-                })?;
-                flags.push(format!("--iree-codegen-tuning-spec-path={}", file.path().display()));
-                Some(file)
-            }
+            Some(text) => Some(write_spec(&text).map_err(|e| Error::Compile {
+                what: what.to_owned(),
+                diagnostics: format!("could not write the tuning spec to a temporary file: {e}"),
+            })?),
             None => None,
         };
-        let mut flags = without_replaced(flags, extra_flags);
-        flags.extend(extra_flags.iter().cloned());
+        let flags = compile_flags(target, spec.as_ref().map(|f| f.path()), extra_flags);
         let _span = tracing::info_span!("compile", module = what).entered();
         // One thread uses IREE at a time (see lock.rs): concurrent compiler
         // sessions crashed (SIGSEGV) on IREE 3.13 with decoder-sized modules.
         let _guard = crate::lock::IreeLock::acquire();
         let started = std::time::Instant::now();
         let failed = |e| Error::Compile { what: what.to_owned(), diagnostics: describe_compiler_error(e) };
-        let with_spec = flags.iter().any(|f| f.starts_with("--iree-codegen-tuning-spec-path="));
+        let with_spec = flags.iter().any(|f| f.starts_with(TUNING_SPEC_FLAG));
         let mut session = self.inner.create_session();
         session.set_flags(flags).map_err(failed)?;
         if with_spec {
@@ -288,6 +282,42 @@ fn load_tuning_spec(session: &eerie::compiler::Session<'_>) -> std::result::Resu
     let mut invocation = session.create_invocation();
     invocation.parse_source(source)?.set_compile_to_phase("executable-configurations")?.pipeline(Pipeline::Std)?;
     Ok(())
+}
+
+/// The compiler's option naming a Transform-dialect tuning spec file, with its `=`.
+const TUNING_SPEC_FLAG: &str = "--iree-codegen-tuning-spec-path=";
+
+/// What the compiler is given for a module on `target`: the target's flags, its tuning spec
+/// (the file at `spec`), then `extra`, each replacing any earlier flag for the same option.
+fn compile_flags(target: &Target, spec: Option<&Path>, extra: &[String]) -> Vec<String> {
+    let mut flags = target.flags();
+    if let Some(path) = spec {
+        flags.push(format!("{TUNING_SPEC_FLAG}{}", path.display()));
+    }
+    let mut flags = without_replaced(flags, extra);
+    flags.extend(extra.iter().cloned());
+    flags
+}
+
+/// Writes what a compile of the module `what` is given into `dir`, for reading it and compiling
+/// it again with the wheel's `iree-compile`: `<what>.mlir`, `<what>.flags` (one flag per line)
+/// and, when the target has a tuning spec, `<what>.spec.mlir`, which those flags name. A file
+/// that cannot be written costs a warning, never the compile.
+pub(crate) fn dump(dir: &Path, what: &str, mlir: &str, target: &Target, extra: &[String]) {
+    let write = |name: String, text: &str| {
+        let path = dir.join(name);
+        if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, text)) {
+            tracing::warn!(path = %path.display(), error = %e, "could not dump a module");
+        }
+    };
+    let spec = target.tuning_spec().map(|text| {
+        write(format!("{what}.spec.mlir"), &text);
+        dir.join(format!("{what}.spec.mlir"))
+    });
+    write(format!("{what}.mlir"), mlir);
+    let mut flags = compile_flags(target, spec.as_deref(), extra).join("\n");
+    flags.push('\n');
+    write(format!("{what}.flags"), &flags);
 }
 
 /// `target` without the flags whose option one of `extra` sets: a module's flag replaces the
@@ -369,6 +399,30 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dump_holds_what_the_compiler_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Target::Cpu { cpu: "znver4".into() };
+        let extra = vec!["--iree-llvmcpu-enable-ukernels=mmt4d".to_owned(), "--iree-opt-level=O2".to_owned()];
+        dump(dir.path(), "enc", "func.func @f() { return }", &target, &extra);
+        assert_eq!(std::fs::read_to_string(dir.path().join("enc.mlir")).unwrap(), "func.func @f() { return }");
+        let spec = dir.path().join("enc.spec.mlir");
+        assert_eq!(std::fs::read_to_string(&spec).unwrap(), target.tuning_spec().unwrap());
+        let flags = std::fs::read_to_string(dir.path().join("enc.flags")).unwrap();
+        let flags: Vec<&str> = flags.lines().collect();
+        assert_eq!(
+            flags,
+            [
+                "--iree-hal-target-backends=llvm-cpu",
+                "--iree-llvmcpu-target-cpu=znver4",
+                &format!("{TUNING_SPEC_FLAG}{}", spec.display()),
+                "--iree-llvmcpu-enable-ukernels=mmt4d",
+                "--iree-opt-level=O2",
+            ],
+            "the target's flags, its spec, then the module's, each option once"
+        );
+    }
 
     #[test]
     fn cpu_flags_are_whole_words_on_every_core() {

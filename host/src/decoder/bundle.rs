@@ -193,13 +193,6 @@ impl Decoder {
             GraphError::Emit(e) => DecoderError::Emit(e),
             GraphError::Weights(e) => DecoderError::Weights(e),
         })?;
-        // For inspecting what the compiler is given.
-        if let Some(dir) = std::env::var_os("MLXCEL_DUMP_MLIR") {
-            let path = Path::new(&dir).join(format!("decoder-{}.mlir", config.spec.name));
-            if let Err(e) = std::fs::write(&path, &emitted.mlir) {
-                tracing::warn!(path = %path.display(), error = %e, "could not dump the decoder MLIR");
-            }
-        }
         let quantized = emitted.sources.iter().any(|s| s.starts_with("affine"));
         let mut flags: Vec<String> = Vec::new();
         // Weights stored narrower than the activations are widened (or dequantized) inside each
