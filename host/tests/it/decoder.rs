@@ -919,6 +919,47 @@ fn rotary_tables_hold_at_the_positions_of_long_contexts() {
     }
 }
 
+/// Mutation-sensitive: the softmax's maximum, written as partial maxima a CPU's vectors hold
+/// (`contract::max_last`), is one in-order maximum along the row bit for bit: compiled and run
+/// beside that reduction on rows 1 to 1030 wide, whole vectors and not, with their maximum
+/// anywhere, rows of negatives only (a pad of zeros would show), infinities, -0 beside +0, and
+/// a NaN.
+#[test]
+fn the_softmax_maximum_is_the_rows_maximum() {
+    use mlxcel_emit::{Elem, Module, Reduce, Type, contract::max_last};
+    use mlxcel_shim::{Arg, HostTensor};
+    let rows = 8usize;
+    let widths = [1usize, 15, 16, 17, 33, 577, 1024, 1030];
+    let mut m = Module::new("maxima");
+    for &n in &widths {
+        let (mut f, a) = m.func(&format!("max_{n}"), &[Type::new(Elem::F32, &[rows, n])]);
+        let ours = max_last(&mut f, &a[0]);
+        let in_order = f.reduce(&a[0], &[1], Reduce::Max);
+        m.add_func(f, &[ours, in_order]);
+    }
+    let session = compiled(m, "maxima");
+    for &n in &widths {
+        let mut x: Vec<f32> = (0..rows * n).map(|i| ((i * 7919 % 1013) as f32 - 900.0) / 7.0).collect();
+        let row = |r: usize| r * n..(r + 1) * n;
+        x[row(1)].iter_mut().for_each(|v| *v = -v.abs() - 1.0);
+        x[row(2)].iter_mut().for_each(|v| *v = -0.0);
+        x[(3 * n + n / 2)..(3 * n + n / 2 + 1)].fill(0.0);
+        x[row(3)].iter_mut().filter(|v| **v != 0.0).for_each(|v| *v = -0.0);
+        x[row(4)].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+        x[5 * n + n - 1] = f32::INFINITY;
+        x[6 * n + n / 3] = f32::NAN;
+        x[7 * n + n - 1] = 1.0e30;
+        let t = HostTensor::from_slice(vec![rows, n], &x).expect("rows");
+        let out = session.call(&format!("maxima.max_{n}"), &[Arg::from(&t)]).expect("runs");
+        let read = |i: usize| out[i].to_host().expect("read").to_vec::<f32>().expect("f32");
+        let (ours, in_order) = (read(0), read(1));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ours), bits(&in_order), "width {n}: {ours:?} against {in_order:?}");
+        assert_eq!(in_order[3].to_bits(), 0, "width {n}: +0 is above -0");
+        assert!(in_order[6].is_nan() && in_order[4] == f32::NEG_INFINITY, "width {n}: {in_order:?}");
+    }
+}
+
 /// Mutation-sensitive: under bf16 activations an RMSNorm's mean of squares is torch's to the bit
 /// (`tests/fixtures/torch_sums`, made by `tools/oracle/gen_torch_sums.py`). The contract's
 /// `mean_last` of bf16-valued rows at widths 4 to 16,384 (under one vector, a scalar tail,
