@@ -135,16 +135,22 @@ const LLVM_CPU_MATCHERS: &str = include_str!("../tuning/llvm_cpu.mlir");
 /// defaults for their shapes differ on AVX-512.
 const LLVM_CPU_AVX2_MATCHERS: &str = include_str!("../tuning/llvm_cpu_avx2.mlir");
 
+/// The matchers for 512-bit (AVX-512) targets only (`shim/tuning/llvm_cpu_avx512.mlir`): vector
+/// steps that take the full width where every target's would take half of it.
+const LLVM_CPU_AVX512_MATCHERS: &str = include_str!("../tuning/llvm_cpu_avx512.mlir");
+
 /// The tuning spec for an `llvm-cpu` target whose widest vectors are `vector_bits` wide (`None`:
-/// not known): the matchers of every target, then those of its width, each applying its
+/// not known): the matchers of its width that override every target's (AVX-512), the matchers
+/// of every target, then those of its width that add to them (AVX2), each applying its
 /// configuration (`@apply_op_config`) to the operations it matches; IREE tries them in this
 /// order and the first that matches wins. Its digest is part of the target's fingerprint, so
 /// every cache key follows it.
 pub fn llvm_cpu_tuning_spec(vector_bits: Option<u32>) -> String {
-    let mut matchers = vec![LLVM_CPU_MATCHERS];
-    if vector_bits == Some(256) {
-        matchers.push(LLVM_CPU_AVX2_MATCHERS);
-    }
+    let matchers = match vector_bits {
+        Some(512) => vec![LLVM_CPU_AVX512_MATCHERS, LLVM_CPU_MATCHERS],
+        Some(256) => vec![LLVM_CPU_MATCHERS, LLVM_CPU_AVX2_MATCHERS],
+        _ => vec![LLVM_CPU_MATCHERS],
+    };
     let names: Vec<&str> = matchers
         .iter()
         .flat_map(|m| m.lines())
@@ -451,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn avx2_targets_get_their_own_matchers_after_every_targets() {
+    fn avx2_and_avx512_targets_get_their_own_matchers() {
         let entry = |name: &str| format!("@{name} -> @apply_op_config");
         let base = [
             "match_matvec_bf16",
@@ -465,11 +471,19 @@ mod tests {
             "match_mmt4d_f32_f32_deep",
         ];
         let avx2 = ["match_mmt4d_f32_deep_tiles8", "match_mmt4d_f32_deep_tiles16"];
+        let avx512 = ["match_qlinear_tiled_rows_avx512"];
         for bits in [None, Some(128), Some(512)] {
             let spec = llvm_cpu_tuning_spec(bits);
             assert!(base.iter().all(|m| spec.contains(&entry(m))), "{bits:?}");
             assert!(!spec.contains("mmt4d_f32_deep"), "{bits:?}: IREE's AVX-512 defaults for these differ");
+            assert_eq!(spec.contains("_avx512"), bits == Some(512), "{bits:?}");
         }
+        // AVX-512's come first: where they and every target's both match, theirs win.
+        let spec = llvm_cpu_tuning_spec(Some(512));
+        let at = |m: &str| spec.find(&entry(m)).unwrap_or_else(|| panic!("{m} listed"));
+        assert!(at(avx512[0]) < at(base[0]), "AVX-512's first");
+        assert_eq!(spec.matches(" -> @apply_op_config").count(), base.len() + avx512.len());
+        assert_eq!(spec.matches("transform.named_sequence @match_").count(), base.len() + avx512.len());
         let spec = llvm_cpu_tuning_spec(Some(256));
         let at = |m: &str| spec.find(&entry(m)).unwrap_or_else(|| panic!("{m} listed"));
         assert!(at(base[base.len() - 1]) < at(avx2[0]) && at(avx2[0]) < at(avx2[1]), "in order");
