@@ -470,8 +470,8 @@ def mlxcel_generate(w: Workload, args, image: bool = True, new: int | None = Non
 
 def sse_request(addr: str, body: dict, timeout: float = 1800) -> dict:
     """One streamed chat completion; the arrival time of each token's chunk (logprobs are requested, so
-    every token has a chunk even when it decodes to no text)."""
-    t0, stamps, usage = time.perf_counter(), [], None
+    every token has a chunk even when it decodes to no text), and each token with its logprob."""
+    t0, stamps, tokens, usage = time.perf_counter(), [], [], None
     for t0, chunk in sse.post_stream(addr, "/v1/chat/completions", body, timeout):
         if chunk.get("usage"):
             usage = chunk["usage"]
@@ -479,7 +479,8 @@ def sse_request(addr: str, body: dict, timeout: float = 1800) -> dict:
             lp = c.get("logprobs")
             if lp and lp.get("content"):
                 stamps.extend([time.perf_counter()] * len(lp["content"]))
-    return {"t0": t0, "stamps": stamps, "usage": usage}
+                tokens.extend([t.get("token"), t.get("logprob")] for t in lp["content"])
+    return {"t0": t0, "stamps": stamps, "tokens": tokens, "usage": usage}
 
 
 def chat_body(model: str, content, new: int) -> dict:

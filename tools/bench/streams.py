@@ -4,7 +4,8 @@
 Starts the given host binary with N slots on a checkpoint, warms it up, sends N chat requests at once (the
 stories of compare.py's stream prompt, --new tokens each) and prints the tokens per second over the span every
 stream was decoding, and the cores the server used in the middle of that span. Run it alternately with two
-binaries (A B A B) to compare builds on the same machine:
+binaries (A B A B) to compare builds on the same machine; `outputs` is a digest of every stream's tokens and
+logprobs, the same for two builds that compute the same bits:
 
     $PY tools/bench/streams.py --host /tmp/host-a --plugins /tmp/plugins-a --model ~/.cache/mlxcel/bench/qwen2vl-2b-bf16-L28-V32 -- --compute bf16 --allow-unqualified
 
@@ -14,6 +15,7 @@ Arguments after `--` go to `serve`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -79,8 +81,10 @@ def main() -> int:
         end = min(r["stamps"][-1] for r in results)
         steps = sum(sum(1 for t in r["stamps"] if start <= t <= end) for r in results)
         rate = steps / (end - start) if end > start else float("nan")
+        # Two builds that compute the same bits print the same digest of every stream's tokens and logprobs.
+        outputs = hashlib.sha256(json.dumps([r["tokens"] for r in results]).encode()).hexdigest()[:16]
         print(json.dumps({"host": str(args.host), "streams": args.streams, "decode_tok_s": round(rate, 2),
-                          "span_s": round(end - start, 1), "server_cores": round(cores, 2)}))
+                          "span_s": round(end - start, 1), "server_cores": round(cores, 2), "outputs": outputs}))
     finally:
         server.terminate()
         server.wait()
