@@ -1030,15 +1030,109 @@ fn bf16_rms_norm_sums_as_torch() {
     assert!(backend_differs > 0, "the backend's order gave torch's sums too: this holds no order");
 }
 
+/// Mutation-sensitive: a bf16 linear summed in pairs (`Bf16Dot::Pairs`) is torch's bf16 `linear`
+/// to the bit at real widths (`tests/fixtures/torch_linears`, made by
+/// `tools/oracle/gen_torch_linears.py`): 2 to 16 rows of `x` by 1024 to 8960 inputs as a prompt's
+/// rows, weights in the tiles the host serves them in, through the contract's `linear_tiled_rows`,
+/// compiled and run. The
+/// fixture keeps outputs where a sum in other blocks rounds differently, and one run of pairs over
+/// all inputs (the contract before blocks: one `mmt4d` of the whole tiles) is run beside it and
+/// must part from torch there, so the blocks are what this holds. torch sums this way on CPUs with
+/// AVX512-BF16, the only ones whose contract sums in pairs.
+#[test]
+fn bf16_linear_sums_as_torch() {
+    use mlxcel_emit::{Bf16Dot, Elem, Module, NumericContract, PAIRS_BLOCK_INPUTS, Rows, Tiles, Type};
+    use mlxcel_shim::{Arg, DType, HostTensor};
+    if !Target::host_cpu().has_avx512_bf16() {
+        eprintln!("bf16_linear_sums_as_torch: this CPU has no AVX512-BF16, so no contract sums bf16 in pairs here");
+        return;
+    }
+    let bytes = std::fs::read(fixture("torch_linears").join("linears.safetensors")).expect("torch_linears fixture");
+    let golden = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut shapes: Vec<String> =
+        golden.names().iter().filter_map(|n| n.strip_prefix("x.")).map(String::from).collect();
+    shapes.sort();
+    assert!(shapes.len() >= 5 && shapes.iter().any(|s| s.ends_with("x8960")), "{shapes:?}");
+    let bf16 = NumericContract::bf16(Bf16Dot::Pairs);
+    let tiles = Tiles::BF16;
+    let mut m = Module::new("linears");
+    for s in &shapes {
+        let x = golden.tensor(&format!("x.{s}")).expect("x");
+        let w = golden.tensor(&format!("w.{s}")).expect("w");
+        let (rows, inputs, out) = (x.shape()[0], x.shape()[1], w.shape()[0]);
+        assert!(inputs >= PAIRS_BLOCK_INPUTS && rows <= 16, "{s}");
+        let wt = Type::new(Elem::BF16, &tiles.shape(out, inputs));
+        let (mut f, a) = m.func(&format!("linear_{s}"), &[Type::new(Elem::BF16, x.shape()), wt]);
+        let blocks = bf16.linear_tiled_rows(&mut f, &a[0], &a[1], None, Rows::Prompt);
+        // One run of pairs over all inputs: `x` in tiles of all its rows, one `mmt4d`.
+        let xr = f.reshape(&a[0], &[1, rows, inputs / 2, 2]);
+        let lhs = f.transpose(&xr, &[0, 2, 1, 3]);
+        let y4 = f.mmt4d(&lhs, &a[1], Elem::F32);
+        let y = f.transpose(&y4, &[0, 2, 1, 3]);
+        let y = f.reshape(&y, &[rows, out]);
+        let one_run = f.convert(&y, Elem::BF16);
+        m.add_func(f, &[blocks, one_run]);
+    }
+    let session = compiled_with(m, "linears", &mlxcel_host::decoder::contract_flags(&bf16));
+    let mut one_run_differs = 0;
+    for s in &shapes {
+        let x = golden.tensor(&format!("x.{s}")).expect("x");
+        let w = golden.tensor(&format!("w.{s}")).expect("w");
+        let (inputs, out) = (w.shape()[1], w.shape()[0]);
+        let tiled = bf16_tiles(w.data(), out, inputs, tiles);
+        let xh = HostTensor::from_bytes(DType::BF16, x.shape().to_vec(), x.data().to_vec()).expect("x");
+        let wh = HostTensor::from_bytes(DType::BF16, tiles.shape(out, inputs).to_vec(), tiled).expect("w");
+        let got = session.call(&format!("linears.linear_{s}"), &[Arg::from(&xh), Arg::from(&wh)]).expect("runs");
+        let want = golden.tensor(&format!("y.{s}")).expect("y").data().to_vec();
+        let values = |b: &[u8]| b.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<u16>>();
+        let (want, outputs) = (values(&want), [0, 1].map(|i| values(got[i].to_host().expect("read").bytes())));
+        let differ = |i: usize| outputs[i].iter().zip(&want).filter(|(g, w)| g != w).count();
+        let first = outputs[0].iter().zip(&want).position(|(g, w)| g != w);
+        assert_eq!(
+            differ(0),
+            0,
+            "{s}: {} of {} bf16 outputs unlike torch's linear, the first at {first:?} (bits {:?} against {:?}; one run {:?})",
+            differ(0),
+            want.len(),
+            first.map(|i| outputs[0][i]),
+            first.map(|i| want[i]),
+            first.map(|i| outputs[1][i]),
+        );
+        one_run_differs += differ(1);
+    }
+    assert!(one_run_differs > 0, "one run over all inputs gave torch's outputs too: this holds no blocks");
+}
+
+/// A bf16 `[out, in]` matrix (little-endian bytes) in `tiles`: `[out / t, in / k, t, k]`.
+fn bf16_tiles(w: &[u8], out: usize, inputs: usize, tiles: mlxcel_emit::Tiles) -> Vec<u8> {
+    let [_, _, t, k] = tiles.shape(out, inputs);
+    let mut tiled = Vec::with_capacity(w.len());
+    for tile in 0..out / t {
+        for d in 0..inputs / k {
+            for r in 0..t {
+                let at = ((tile * t + r) * inputs + d * k) * 2;
+                tiled.extend_from_slice(&w[at..at + 2 * k]);
+            }
+        }
+    }
+    tiled
+}
+
 /// `m`, compiled for this machine's CPU (in a cache of its own) as `name` and loaded on a
 /// local-sync device.
 fn compiled(m: mlxcel_emit::Module, name: &str) -> mlxcel_shim::Session {
+    compiled_with(m, name, &[])
+}
+
+/// [`compiled`] with the compiler flags `flags` after the target's (a contract's, see
+/// `contract_flags`).
+fn compiled_with(m: mlxcel_emit::Module, name: &str, flags: &[String]) -> mlxcel_shim::Session {
     let mlir = m.finish().expect("valid");
     let compiler = Compiler::locate().expect("compiler");
     let dir = tempfile::tempdir().expect("tempdir");
     let target = Target::host_cpu();
     let request =
-        mlxcel_shim::CompileRequest { name, mlir: &mlir, target: &target, flags: &[], key_parts: &[], contract: None };
+        mlxcel_shim::CompileRequest { name, mlir: &mlir, target: &target, flags, key_parts: &[], contract: None };
     let artifact = CompileCache::new(dir.path()).get_or_compile(&compiler, &request).expect("compiles").0;
     let device = Device::new(Driver::LocalSync).expect("device");
     mlxcel_shim::Session::new(&device, None, &[&artifact]).expect("session")

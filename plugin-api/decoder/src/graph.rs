@@ -914,7 +914,7 @@ impl Emitter<'_> {
     fn linear(&self, f: &mut Func, x: &Value, w: &Lin, bias: Option<&Value>) -> Value {
         match w.load(f) {
             LoadedLin::Dense(w) => self.c.linear_rows(f, x, &w, bias, self.rows),
-            LoadedLin::Tiled(w) => self.c.linear_tiled(f, x, &w, bias),
+            LoadedLin::Tiled(w) => self.c.linear_tiled_rows(f, x, &w, bias, self.rows),
             LoadedLin::Affine(w) => self.c.qlinear_rows(f, x, &w, bias, self.rows),
         }
     }

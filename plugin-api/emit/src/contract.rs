@@ -45,7 +45,10 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// (it was multiplied by the count's reciprocal: an f32 ulp apart in about a third of the rows
 /// 1536 wide), and under bf16 activations that sum adds in torch's order ([`torch_sum_last`]):
 /// the backend's order put a row's normalized value on the other side of a bf16 rounding.
-pub const CONTRACT_VERSION: u32 = 17;
+/// v18: bf16 linears summed in pairs over a prompt's or an encoder's rows restart every
+/// [`PAIRS_BLOCK_INPUTS`] inputs and add the blocks' sums in order, as torch's bf16 `linear` on
+/// such CPUs does (one run over all inputs parted from it at real widths).
+pub const CONTRACT_VERSION: u32 = 18;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -257,7 +260,10 @@ const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles
                            one vector lane per output, and \
                            under bf16 activations over bf16 weights as the contract's bf16_dot says: pairs (tiles of 16 \
                            rows by 2 inputs) in the order of IREE's bf16 mmt4d microkernel, two inputs' products \
-                           added to each lane at a time, or in-order (those row tiles, one input deep) as under f32 \
+                           added to each lane at a time, over a prompt's rows and over more than 16 by \
+                           count in blocks of 1024 inputs each summed from zero and the blocks' sums \
+                           added in order (torch's oneDNN gemm), over a decode step's in one run, \
+                           or in-order (those row tiles, one input deep) as under f32 \
                            activations; qlinear over a weight in row tiles (affine_tiles) sums each \
                            output in one vector lane: over up to 8 rows each group's products over its inputs \
                            in order, then the groups' sums in order, and over more rows (or a prompt's) its \
@@ -273,6 +279,17 @@ const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles
 const DEQUANTIZATION: &str = "MLX affine: integers packed least significant first in u32 words, zero-extended; \
                               w = f32(q) * f32(scale), rounded, then + f32(bias), rounded; one scale and bias \
                               per group of group_size consecutive inputs";
+
+/// Inputs per block of a bf16 linear summed in pairs ([`Bf16Dot::Pairs`]): each output sums a
+/// block's products from zero, two inputs at a time in order, and the blocks' sums are added in
+/// order. torch's bf16 `linear` on a CPU with AVX512-BF16 (oneDNN's gemm) sums this way for two
+/// rows of `x` and more: emulated in numpy against torch 2.15 on an AMD Zen 4, blocks of 1024
+/// inputs reproduced every output of 2 to 1024 rows by 1280 to 8960 inputs, while one block over
+/// all inputs missed up to 1 in 2000 (`tools/oracle/gen_torch_linears.py` keeps such outputs).
+/// One row of `x` takes another path in torch, which neither order reproduces (1 to 3 outputs
+/// in 2048 differ either way at 2048 to 8960 inputs); decode steps keep one run over all inputs
+/// ([`NumericContract::linear_tiled_rows`]).
+pub const PAIRS_BLOCK_INPUTS: usize = 1024;
 
 /// At most this many rows of `x` per tile in [`NumericContract::linear_tiled`].
 const LHS_TILE_MAX_ROWS: usize = 16;
@@ -292,8 +309,8 @@ fn lhs_tile_rows(rows: usize) -> usize {
 /// 4.2 to 4.6 against 5.8 to 6.1, but 16 rows 7.8 against 7.3.
 pub const QLINEAR_FUSED_MAX_ROWS: usize = 8;
 
-/// Whose rows a contraction's `x` holds, which picks the form of [`NumericContract::linear_rows`]
-/// and [`NumericContract::qlinear_rows`].
+/// Whose rows a contraction's `x` holds, which picks the form of [`NumericContract::linear_rows`],
+/// [`NumericContract::linear_tiled_rows`] and [`NumericContract::qlinear_rows`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rows {
     /// By their count: up to [`WEIGHT_LEFT_MAX_ROWS`] rows (a decode step's streams, one token
@@ -477,7 +494,20 @@ impl NumericContract {
     /// take the same form, `x` widened exactly. Summed in pairs ([`Tiles::BF16`]) both operands
     /// are bf16 and IREE's bf16 mmt4d microkernel contracts them (the bundle enables it), adding
     /// each output's products to its lane two inputs at a time.
+    ///
+    /// Summed in pairs, more than [`PAIRS_BLOCK_INPUTS`] inputs are contracted a block at a time
+    /// and the blocks' sums added in order, as torch does, over a prompt's rows and over more than
+    /// [`WEIGHT_LEFT_MAX_ROWS`] by count (encoders); see [`Self::linear_tiled_rows`].
     pub fn linear_tiled(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>) -> Value {
+        self.linear_tiled_rows(f, x, w, bias, Rows::ByCount)
+    }
+
+    /// [`Self::linear_tiled`] over rows of the kind `kind` (see [`Rows`]). Decode steps (up to
+    /// [`WEIGHT_LEFT_MAX_ROWS`] rows by count) sum pairs in one run over all inputs whatever
+    /// their count, so a stream's bits do not depend on how many streams share its step; torch's
+    /// own one-row path sums in neither order, and blocks cost a decode step a sixth (8 bf16
+    /// streams 60.8 and 57.1 tok/s against 49.4 and 49.0, BENCHMARKS.md).
+    pub fn linear_tiled_rows(&self, f: &mut Func, x: &Value, w: &Value, bias: Option<&Value>, kind: Rows) -> Value {
         let [tiles, depth, t, k] = match w.shape() {
             &[tiles, depth, t, k] => [tiles, depth, t, k],
             _ => [0, x.shape().last().copied().unwrap_or(0), 1, 1],
@@ -504,7 +534,26 @@ impl NumericContract {
         let m0 = lhs_tile_rows(padded);
         let xr = f.reshape(&x2, &[padded / m0, m0, depth, k]);
         let lhs = f.transpose(&xr, &[0, 2, 1, 3]);
-        let y4 = f.mmt4d(&lhs, w, self.accumulate);
+        let blocks = kind == Rows::Prompt || rows > WEIGHT_LEFT_MAX_ROWS;
+        let y4 = if k > 1 && inputs > PAIRS_BLOCK_INPUTS && blocks {
+            // Products summed in pairs restart from zero every PAIRS_BLOCK_INPUTS inputs, and
+            // the blocks' sums are added in order, as oneDNN's bf16 gemm under torch computes.
+            let step = PAIRS_BLOCK_INPUTS / k;
+            let block = |f: &mut Func, lo: usize| {
+                let hi = (lo + step).min(depth);
+                let lb = f.slice(&lhs, &[0, lo, 0, 0], &[padded / m0, hi, m0, k]);
+                let wb = f.slice(w, &[0, lo, 0, 0], &[tiles, hi, t, k]);
+                f.mmt4d(&lb, &wb, self.accumulate)
+            };
+            let mut acc = block(f, 0);
+            for lo in (step..depth).step_by(step) {
+                let yb = block(f, lo);
+                acc = f.add(&acc, &yb);
+            }
+            acc
+        } else {
+            f.mmt4d(&lhs, w, self.accumulate)
+        };
         let y = f.transpose(&y4, &[0, 2, 1, 3]);
         let mut y = f.reshape(&y, &[padded, tiles * t]);
         if padded > rows {

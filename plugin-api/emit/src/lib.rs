@@ -14,8 +14,8 @@ mod ops;
 use std::fmt;
 
 pub use contract::{
-    AffineWeight, Bf16Dot, CONTRACT_VERSION, ContractDescriptor, NumericContract, QLINEAR_FUSED_MAX_ROWS, RmsStyle,
-    Rows, TILED_KEY_SEPARATOR, Tiles, WEIGHT_TILE_ROWS, weight_tile_rows,
+    AffineWeight, Bf16Dot, CONTRACT_VERSION, ContractDescriptor, NumericContract, PAIRS_BLOCK_INPUTS,
+    QLINEAR_FUSED_MAX_ROWS, RmsStyle, Rows, TILED_KEY_SEPARATOR, Tiles, WEIGHT_TILE_ROWS, weight_tile_rows,
 };
 pub use ops::{Compare, Reduce};
 

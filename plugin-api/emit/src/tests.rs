@@ -376,11 +376,11 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_after_each_tensor_op() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 17);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v17:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 18);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v18:act=f32:acc=f32");
     assert_eq!(
         NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint(),
-        "numeric-contract=v17:act=bf16:acc=f32:bf16-dot=in-order"
+        "numeric-contract=v18:act=bf16:acc=f32:bf16-dot=in-order"
     );
 }
 
@@ -561,7 +561,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":17,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":18,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert_eq!(dense.bf16_dot, None, "f32 activations sum no bf16 products");
     assert!(!dense.to_json().contains("\"bf16_dot\":"), "{}", dense.to_json());
@@ -657,6 +657,51 @@ fn a_bf16_tiled_linear_contracts_bf16_operands_in_tiles_of_16_by_2_into_f32_and_
         assert_eq!(to_f32, 1, "only the bias is widened ahead: {text}");
         assert!(text.contains("(tensor<64xbf16>) -> tensor<64xf32>"), "bias widened: {text}");
     }
+}
+
+/// Mutation-sensitive: a bf16 linear summed in pairs over more than [`crate::PAIRS_BLOCK_INPUTS`]
+/// inputs, over a prompt's rows or more than 16 by count (an encoder's), contracts each block of
+/// them apart, from zero, and adds the blocks' sums in order in f32 before the one rounding
+/// (torch's oneDNN gemm); a decode step's rows (up to 16 by count) keep one contraction over all
+/// inputs whatever their count, and so does the in-order sum. Whether the blocks are torch's is
+/// held by `decoder::bf16_linear_sums_as_torch` in the host's tests.
+#[test]
+fn a_bf16_linear_summed_in_pairs_restarts_every_block_of_inputs_over_a_prompts_rows() {
+    let render = |c: NumericContract, tiles: crate::Tiles, rows: usize, inputs: usize, kind: crate::Rows| {
+        let mut m = Module::new("m");
+        let w = m.param(&tiles.key("w.weight"), Type::new(Elem::BF16, &tiles.shape(64, inputs)));
+        let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[rows, inputs])]);
+        let wv = f.load(&w);
+        let y = c.linear_tiled_rows(&mut f, &a[0], &wv, None, kind);
+        m.add_func(f, &[y]);
+        m.finish().expect("valid")
+    };
+    let pairs = NumericContract::bf16(crate::Bf16Dot::Pairs);
+    let (prompt, by_count) = (crate::Rows::Prompt, crate::Rows::ByCount);
+    assert_eq!(crate::PAIRS_BLOCK_INPUTS, 1024);
+    let cases = [
+        (8usize, 1024usize, prompt, 1usize),
+        (8, 2560, prompt, 3),
+        (1, 2560, prompt, 3),
+        (64, 1536, by_count, 2),
+        (1, 2560, by_count, 1),
+        (16, 2560, by_count, 1),
+    ];
+    for (rows, inputs, kind, blocks) in cases {
+        let text = render(pairs, crate::Tiles::BF16, rows, inputs, kind);
+        let mmt4d: Vec<&str> = text.lines().filter(|l| l.contains("linalg.mmt4d")).collect();
+        assert_eq!(mmt4d.len(), blocks, "{rows} rows ({kind:?}) by {inputs} inputs: {text}");
+        if blocks > 1 {
+            // Depths of the blocks in pairs: 512 each, the last what is left.
+            let last = (inputs / 2 - 1) % 512 + 1;
+            assert!(mmt4d[0].contains("x512x16x2xbf16>) outs("), "{}", mmt4d[0]);
+            assert!(mmt4d[blocks - 1].contains(&format!("x{last}x16x2xbf16>) outs(")), "{}", mmt4d[blocks - 1]);
+            let adds = text.lines().filter(|l| l.contains("stablehlo.add") && l.ends_with("xf32>")).count();
+            assert_eq!(adds, blocks - 1, "the blocks' sums added in f32: {text}");
+        }
+    }
+    let in_order = render(NumericContract::bf16(crate::Bf16Dot::InOrder), crate::Tiles::f32(32), 8, 2560, prompt);
+    assert_eq!(in_order.lines().filter(|l| l.contains("linalg.mmt4d")).count(), 1, "{in_order}");
 }
 
 /// Mutation-sensitive: summed in order ([`crate::Bf16Dot::InOrder`], CPUs without AVX512-BF16),
