@@ -19,7 +19,7 @@ root="$(cd "$here/../.." && pwd)"
 # A form made from other fixtures runs after them: bf16 (the <name>_bf16 forms, gemma3n_bf16 among them) and hub
 # (the <name>_hub forms, gemma3n_hub among them) after every family they are made from, the MLX-quantized forms
 # after hub (mlx_quant reads llama_hub, mlx_vlm_quant the vision-language _hub forms).
-all=(qwen2 qwen2_bf16 qwen2_bf16_f32 llama qwen3 youtu gemma3_text gemma3_text_softcap qwen2_vl gemma3 llava qwen2_5_vl qwen3_vl molmo2 molmo2_olmo gemma3n bf16 hub mlx_quant mlx_vlm_quant molmo molmo_bf16 molmo_mlx molmo_mlx_q4 youtu_vl youtu_vl_bf16 images torch_sums torch_linears)
+all=(qwen2 qwen2_bf16 qwen2_bf16_f32 llama qwen3 youtu gemma3_text gemma3_text_softcap qwen2_vl gemma3 llava qwen2_5_vl qwen3_vl molmo2 molmo2_olmo gemma3n bf16 hub mlx_quant mlx_vlm_quant molmo molmo_bf16 molmo_mlx molmo_mlx_q4 youtu_vl youtu_vl_bf16 images torch_sums torch_linears torch_attention)
 
 mode=write
 if [[ "${1:-}" == "--check" ]]; then mode=check; shift; fi

@@ -307,13 +307,14 @@ fn host_tiles(contract: mlxcel_emit::NumericContract) -> mlxcel_emit::NumericCon
 /// torch scales them (`NumericContract::act_scale`), so the prompt logits equal the reference's
 /// bit for bit and all 16 greedy tokens match, in both orders: these fixtures' linears sum at
 /// most 128 inputs, which round to the same bf16 values in either order (at real widths the two
-/// orders differ in about 1 output in 4,000, measured on AMD Zen 3). One exception is stated: in
-/// Gemma 3's long prompt one row (row 43 of 85, measured in order) rounds its attention
-/// differently, 152 of its 448 logits by one bf16 step. The softmax's f32 `exp` and sum are not
-/// torch's to the last bit, and torch's own result moves the same way under another f32 softmax
-/// (max-subtracted `exp` over the sum: row 52 of the same prompt). Those logits are held to three
-/// bf16 steps of their row's largest magnitude, the bound `tools/oracle/check.py` holds bf16
-/// references to across CPUs.
+/// orders differ in about 1 output in 4,000, measured on AMD Zen 3). One exception is stated, in
+/// order only: in Gemma 3's long prompt one row (row 43 of 85) rounds its attention differently,
+/// 152 of its 448 logits by one bf16 step, since that contract's softmax (the backend's f32 `exp`
+/// and sum) is not torch's to the last bit, and torch's own result moves the same way under
+/// another f32 softmax (max-subtracted `exp` over the sum: row 52 of the same prompt). Those
+/// logits are held to three bf16 steps of their row's largest magnitude, the bound
+/// `tools/oracle/check.py` holds bf16 references to across CPUs. Summed in pairs the softmax is
+/// torch's AVX-512 kernel's (`bf16_softmax_is_torchs`), and that prompt is exact too.
 #[test]
 fn bf16_compute_is_transformers_bf16() {
     let compiler = Compiler::locate().expect("compiler");
@@ -341,7 +342,8 @@ fn bf16_compute_is_transformers_bf16() {
                 let g = golden(name, variant);
                 let (logits, tokens, _) = run(&mut dec, 0, &g, From::Tokens);
                 let what = format!("{name}/{variant} ({dot:?})");
-                if exact {
+                // Summed in pairs the softmax is torch's to the bit too, and every row is exact.
+                if exact || dot == mlxcel_emit::Bf16Dot::Pairs {
                     let max = logits.iter().zip(&g.logits).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
                     assert_eq!(max, 0.0, "{what}: prompt logits differ from transformers-bf16 by up to {max:e}");
                 } else {
@@ -1083,24 +1085,137 @@ fn bf16_linear_sums_as_torch() {
         let xh = HostTensor::from_bytes(DType::BF16, x.shape().to_vec(), x.data().to_vec()).expect("x");
         let wh = HostTensor::from_bytes(DType::BF16, tiles.shape(out, inputs).to_vec(), tiled).expect("w");
         let got = session.call(&format!("linears.linear_{s}"), &[Arg::from(&xh), Arg::from(&wh)]).expect("runs");
-        let want = golden.tensor(&format!("y.{s}")).expect("y").data().to_vec();
-        let values = |b: &[u8]| b.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<u16>>();
-        let (want, outputs) = (values(&want), [0, 1].map(|i| values(got[i].to_host().expect("read").bytes())));
-        let differ = |i: usize| outputs[i].iter().zip(&want).filter(|(g, w)| g != w).count();
-        let first = outputs[0].iter().zip(&want).position(|(g, w)| g != w);
-        assert_eq!(
-            differ(0),
-            0,
-            "{s}: {} of {} bf16 outputs unlike torch's linear, the first at {first:?} (bits {:?} against {:?}; one run {:?})",
-            differ(0),
-            want.len(),
-            first.map(|i| outputs[0][i]),
-            first.map(|i| want[i]),
-            first.map(|i| outputs[1][i]),
-        );
-        one_run_differs += differ(1);
+        let want = golden.tensor(&format!("y.{s}")).expect("y");
+        let [blocks, one_run] = [0, 1].map(|i| got[i].to_host().expect("read"));
+        one_run_differs += bf16_as_torch(&format!("{s}: torch's linear"), blocks.bytes(), one_run.bytes(), want.data());
     }
     assert!(one_run_differs > 0, "one run over all inputs gave torch's outputs too: this holds no blocks");
+}
+
+/// Mutation-sensitive: a prompt's attention products under the bf16 contract summed in pairs
+/// ([`mlxcel_emit::NumericContract::matmul_nt_rows`]) equal torch's bf16 `matmul` of eager
+/// attention bit for bit (`tests/fixtures/torch_attention`): a head's scores over 128 inputs and
+/// its outputs over 1600 keys (two blocks). The fixture keeps the keys and channels where another
+/// order rounds differently, and the backend's order (the contract before, which a decode step's
+/// attention keeps) is run beside it and must part from torch there.
+#[test]
+fn bf16_attention_products_sum_as_torch() {
+    use mlxcel_emit::{Bf16Dot, Elem, Module, NumericContract, Rows, Type};
+    use mlxcel_shim::{Arg, DType, HostTensor};
+    if !Target::host_cpu().has_avx512_bf16() {
+        eprintln!(
+            "bf16_attention_products_sum_as_torch: this CPU has no AVX512-BF16, so no contract sums bf16 in pairs here"
+        );
+        return;
+    }
+    let bytes =
+        std::fs::read(fixture("torch_attention").join("attention.safetensors")).expect("torch_attention fixture");
+    let golden = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let bf16 = NumericContract::bf16(Bf16Dot::Pairs);
+    let tensor = |name: &str| golden.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let ty = |name: &str| {
+        let mut shape = vec![1];
+        shape.extend_from_slice(tensor(name).shape());
+        Type::new(Elem::BF16, &shape)
+    };
+    // (first operand, second operand, whether the second is stored `[in, out]`, golden)
+    let products = [("q", "k", false, "scores"), ("probs", "v", true, "outputs")];
+    let mut m = Module::new("attention");
+    for (a, b, transposed, name) in products {
+        let (mut f, args) = m.func(name, &[ty(a), ty(b)]);
+        let second = if transposed { f.transpose(&args[1], &[0, 2, 1]) } else { args[1].clone() };
+        let pairs = bf16.matmul_nt_rows(&mut f, &args[0], &second, Rows::Prompt);
+        let backend = bf16.matmul_nt_rows(&mut f, &args[0], &second, Rows::ByCount);
+        m.add_func(f, &[pairs, backend]);
+    }
+    let session = compiled_with(m, "attention", &mlxcel_host::decoder::contract_flags(&bf16));
+    let mut backend_differs = 0;
+    for (a, b, _, name) in products {
+        let host = |n: &str| {
+            let t = tensor(n);
+            let mut shape = vec![1];
+            shape.extend_from_slice(t.shape());
+            HostTensor::from_bytes(DType::BF16, shape, t.data().to_vec()).expect("operand")
+        };
+        let (ah, bh) = (host(a), host(b));
+        let got = session.call(&format!("attention.{name}"), &[Arg::from(&ah), Arg::from(&bh)]).expect("runs");
+        let [pairs, backend] = [0, 1].map(|i| got[i].to_host().expect("read"));
+        let differs =
+            bf16_as_torch(&format!("{name}: torch's matmul"), pairs.bytes(), backend.bytes(), tensor(name).data());
+        eprintln!("{name}: the backend's order parts from torch in {differs} of {}", pairs.bytes().len() / 2);
+        backend_differs += differs;
+    }
+    assert!(backend_differs > 0, "the backend's order gave torch's outputs too: this holds no order");
+}
+
+/// Mutation-sensitive: under the bf16 contract summed in pairs, the softmax of bf16 rows equals
+/// torch's `softmax(x, -1, dtype=float32).to(bf16)` on AVX-512 bit for bit
+/// (`tests/fixtures/torch_attention`, rows of 5 to 1600 inputs, masked as eager attention masks),
+/// and the backend's softmax (the contract elsewhere: its own `exp`, sum and division) parts from
+/// torch on the rows the fixture keeps.
+#[test]
+fn bf16_softmax_is_torchs() {
+    use mlxcel_emit::{Bf16Dot, Elem, Module, NumericContract, Type};
+    use mlxcel_shim::{Arg, DType, HostTensor};
+    if !Target::host_cpu().has_avx512_bf16() {
+        eprintln!(
+            "bf16_softmax_is_torchs: this CPU has no AVX512-BF16, so no contract follows torch's AVX-512 softmax here"
+        );
+        return;
+    }
+    let bytes =
+        std::fs::read(fixture("torch_attention").join("attention.safetensors")).expect("torch_attention fixture");
+    let golden = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut widths: Vec<String> =
+        golden.names().iter().filter_map(|n| n.strip_prefix("logits.")).map(String::from).collect();
+    widths.sort();
+    assert!(widths.len() >= 4 && widths.iter().any(|w| w == "5"), "{widths:?}");
+    let (torch, backend) = (NumericContract::bf16(Bf16Dot::Pairs), NumericContract::bf16(Bf16Dot::InOrder));
+    let mut m = Module::new("softmax");
+    for w in &widths {
+        let x = golden.tensor(&format!("logits.{w}")).expect("logits");
+        let (mut f, a) = m.func(&format!("softmax_{w}"), &[Type::new(Elem::BF16, x.shape())]);
+        let ours = torch.softmax(&mut f, &a[0]);
+        let other = backend.softmax(&mut f, &a[0]);
+        m.add_func(f, &[ours, other]);
+    }
+    let session = compiled_with(m, "softmax", &mlxcel_host::decoder::contract_flags(&torch));
+    let mut backend_differs = 0;
+    for w in &widths {
+        let x = golden.tensor(&format!("logits.{w}")).expect("logits");
+        let xh = HostTensor::from_bytes(DType::BF16, x.shape().to_vec(), x.data().to_vec()).expect("x");
+        let got = session.call(&format!("softmax.softmax_{w}"), &[Arg::from(&xh)]).expect("runs");
+        let want = golden.tensor(&format!("softmax.{w}")).expect("softmax");
+        let [ours, backend] = [0, 1].map(|i| got[i].to_host().expect("read"));
+        let differs = bf16_as_torch(&format!("softmax over {w}: torch's"), ours.bytes(), backend.bytes(), want.data());
+        eprintln!(
+            "softmax over {w}: the backend's softmax parts from torch in {differs} of {}",
+            ours.bytes().len() / 2
+        );
+        backend_differs += differs;
+    }
+    assert!(backend_differs > 0, "the backend's softmax gave torch's probabilities too: this holds no softmax");
+}
+
+/// Asserts that the bf16 values `ours` (little-endian bytes) equal `want`, `what`'s, bit for bit,
+/// naming the first that differs, and returns how many of `other` (the order a test runs beside,
+/// which must part from torch somewhere for the test to hold it) differ from `want`.
+fn bf16_as_torch(what: &str, ours: &[u8], other: &[u8], want: &[u8]) -> usize {
+    let values = |b: &[u8]| b.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<u16>>();
+    let (ours, other, want) = (values(ours), values(other), values(want));
+    let differ = |got: &[u16]| got.iter().zip(&want).filter(|(g, w)| g != w).count();
+    let first = ours.iter().zip(&want).position(|(g, w)| g != w);
+    assert_eq!(
+        differ(&ours),
+        0,
+        "{} of {} bf16 values unlike {what}, the first at {first:?} (bits {:?} against {:?}; the other order {:?})",
+        differ(&ours),
+        want.len(),
+        first.map(|i| ours[i]),
+        first.map(|i| want[i]),
+        first.map(|i| other[i]),
+    );
+    differ(&other)
 }
 
 /// A bf16 `[out, in]` matrix (little-endian bytes) in `tiles`: `[out / t, in / k, t, k]`.

@@ -1425,11 +1425,29 @@ impl Emitter<'_> {
 
         // q [B, T, KVH, G, D] against keys [B, KVH, C, D]: scores [B, KVH, T, G, C].
         let qg = f.reshape(&q, &[b, t, kvh, g, d]);
-        let scores = c.matmul(f, &qg, &keys, (&[0, 2], &[0, 1]), (&[4], &[3]));
+        let pairs = c.attends_in_pairs(self.rows);
+        let scores = if pairs {
+            // Each KV head's queries against its keys, as torch's bf16 matmul sums them.
+            let qh = f.transpose(&qg, &[0, 2, 1, 3, 4]);
+            let qh = f.reshape(&qh, &[b * kvh, t * g, d]);
+            let kh = f.reshape(&keys, &[b * kvh, cap, d]);
+            let s = c.matmul_nt_rows(f, &qh, &kh, self.rows);
+            f.reshape(&s, &[b, kvh, t, g, cap])
+        } else {
+            c.matmul(f, &qg, &keys, (&[0, 2], &[0, 1]), (&[4], &[3]))
+        };
         debug_assert_eq!(scores.shape(), &[b, kvh, t, g, cap]);
         let probs = self.probs(f, &scores, mask, &[0, 2, 4]);
         // out [B, KVH, T, G, D]
-        let out = c.matmul(f, &probs, &values, (&[0, 1], &[0, 1]), (&[4], &[2]));
+        let out = if pairs {
+            let ph = f.reshape(&probs, &[b * kvh, t * g, cap]);
+            let vt = f.transpose(&values, &[0, 1, 3, 2]);
+            let vt = f.reshape(&vt, &[b * kvh, d, cap]);
+            let o = c.matmul_nt_rows(f, &ph, &vt, self.rows);
+            f.reshape(&o, &[b, kvh, t, g, d])
+        } else {
+            c.matmul(f, &probs, &values, (&[0, 1], &[0, 1]), (&[4], &[2]))
+        };
         let out = f.transpose(&out, &[0, 2, 1, 3, 4]);
         (f.reshape(&out, &[b, t, nh * d]), cache)
     }

@@ -5,7 +5,7 @@
 //! written, so every graph rounds at the same points as the reference
 //! (Hugging Face transformers on CPU torch).
 
-use crate::{Elem, Func, Reduce, Type, Value};
+use crate::{Compare, Elem, Func, Reduce, Type, Value};
 
 /// Bump when any helper's emitted arithmetic changes or a helper is added.
 /// v3: exact GELU (`gelu_erf`) and `quick_gelu`.
@@ -48,7 +48,13 @@ use crate::{Elem, Func, Reduce, Type, Value};
 /// v18: bf16 linears summed in pairs over a prompt's or an encoder's rows restart every
 /// [`PAIRS_BLOCK_INPUTS`] inputs and add the blocks' sums in order, as torch's bf16 `linear` on
 /// such CPUs does (one run over all inputs parted from it at real widths).
-pub const CONTRACT_VERSION: u32 = 18;
+/// v19: under bf16 activations summed in pairs, the softmax is torch's AVX-512 kernel's to the
+/// bit ([`torch_softmax_last`]: Sleef's `expf`, 16 lanes, times `1 / sum`), and a prompt's
+/// attention scores and outputs sum as torch's bf16 `matmul` does
+/// ([`NumericContract::matmul_nt_rows`]: pairs over the head's width and over the keys, in blocks
+/// of [`PAIRS_BLOCK_INPUTS`] keys); both were the backend's. A real-width prompt's logits parted
+/// from transformers in bf16 at row 23 through the softmax alone.
+pub const CONTRACT_VERSION: u32 = 19;
 
 /// `linear` over this many rows or fewer (decode steps) contracts as
 /// `w @ x^T`, the weight on the left, and transposes the result back: IREE
@@ -233,7 +239,7 @@ impl ContractDescriptor {
 }
 
 /// Where each helper rounds, as [`ContractDescriptor::rounding`] states it.
-const ROUNDING: [&str; 13] = [
+const ROUNDING: [&str; 14] = [
     "linear, matmul: operands widened to the accumulator, contracted, the bias added there, rounded once",
     "linear_tiled: as linear, the weight (and x, when bf16 products are summed in pairs) widened inside the contraction",
     "rms_norm plain: normalised in the accumulator and rounded, then multiplied by the weight in the activations",
@@ -243,6 +249,7 @@ const ROUNDING: [&str; 13] = [
     "silu, gelu_tanh, gelu_erf (Abramowitz-Stegun 7.1.26): in the accumulator, rounded once",
     "quick_gelu: 1.702 x rounded, the sigmoid in the accumulator rounded, the product rounded (torch's three ops)",
     "softmax: max-subtracted in the accumulator, rounded once; attention scores scaled by the f32 scale, rounded once",
+    "softmax under bf16 pairs: Sleef's expf (fused multiply-adds) of each input less the maximum, times 1/sum rounded",
     "residual: added in the activations",
     "softcap: tanh(x / c) * c in the logits' dtype",
     "qlinear: the weight dequantized in the accumulator, then as linear",
@@ -263,6 +270,12 @@ const ASSOCIATION: &str = "unspecified: the backend's order (IREE llvm-cpu tiles
                            added to each lane at a time, over a prompt's rows and over more than 16 by \
                            count in blocks of 1024 inputs each summed from zero and the blocks' sums \
                            added in order (torch's oneDNN gemm), over a decode step's in one run, \
+                           and so do a prompt's attention scores (over the head's width) and outputs \
+                           (over the keys, in the window's order) per KV head, a decode step's \
+                           attention in the backend's order, and the softmax sums its exponentials \
+                           as torch's AVX-512 vec::reduce_all: 16 lanes each in order, the last \
+                           partial vector into the first lanes, then lane i + lane i+8, +4, +2, +1 \
+                           (fewer than 16 inputs in order), \
                            or in-order (those row tiles, one input deep) as under f32 \
                            activations; qlinear over a weight in row tiles (affine_tiles) sums each \
                            output in one vector lane: over up to 8 rows each group's products over its inputs \
@@ -563,6 +576,73 @@ impl NumericContract {
         shape.push(tiles * t);
         let y = f.reshape(&y, &shape);
         self.bias_and_round(f, &y, bias)
+    }
+
+    /// Whether [`Self::matmul_nt_rows`] sums its products in bf16 pairs over rows of the kind
+    /// `kind`: under bf16 activations summed in pairs ([`Bf16Dot::Pairs`]), over a prompt's
+    /// rows. A decode step's attention keeps [`Self::matmul`], as its linears keep one run:
+    /// torch's one-row products take yet another path.
+    pub fn attends_in_pairs(&self, kind: Rows) -> bool {
+        self.follows_torch_avx512() && kind == Rows::Prompt
+    }
+
+    /// Whether the contract reproduces torch's AVX-512 kernels where it states their order: bf16
+    /// activations summed in pairs ([`Bf16Dot::Pairs`]), whose CPUs (AVX512-BF16) run torch's
+    /// 16-lane f32 vectors. The softmax ([`torch_softmax_last`]) and a prompt's attention
+    /// products ([`Self::matmul_nt_rows`]) follow them; elsewhere they keep the backend's order.
+    fn follows_torch_avx512(&self) -> bool {
+        self.activations == Elem::BF16 && self.bf16_dot == Bf16Dot::Pairs
+    }
+
+    /// `a @ b^T` for each of `n` pairs of activations, `a [n, m, k]` and `b [n, p, k]`: `[n, m,
+    /// p]`, rounded once, as [`Self::matmul`]. Where [`Self::attends_in_pairs`], each `b[i]` is
+    /// put in [`Tiles::BF16`] in the graph (zero rows and inputs padding it to whole tiles add
+    /// nothing) and contracted by [`Self::linear_tiled_rows`] over a prompt's rows: products in
+    /// pairs, the odd input's first, restarting every [`PAIRS_BLOCK_INPUTS`] inputs, as torch's
+    /// bf16 `matmul` (a batched gemm per head) sums attention's scores over the head's width and
+    /// its output over the keys (emulated against torch 2.15 on an AMD Zen 4: scores over 128
+    /// inputs, 0 of 9,216 outputs differ against 1 summed in order; outputs over 1,600 keys, 0 of
+    /// 8,192 against 2 in one run). Otherwise the backend's order, as [`Self::matmul`].
+    pub fn matmul_nt_rows(&self, f: &mut Func, a: &Value, b: &Value, kind: Rows) -> Value {
+        if !self.attends_in_pairs(kind) {
+            return self.matmul(f, a, b, (&[0], &[0]), (&[2], &[2]));
+        }
+        let (n, m, k) = (a.shape()[0], a.shape()[1], a.shape()[2]);
+        let p = b.shape()[1];
+        let tile = Tiles::BF16;
+        let (pp, kp) = (p.next_multiple_of(tile.rows), k.next_multiple_of(tile.depth));
+        let pad = |f: &mut Func, v: &Value, rows: usize, cols: usize| {
+            let v = f.convert(v, self.activations);
+            let (r, c) = (v.shape()[0], v.shape()[1]);
+            let v = if cols > c {
+                let zeros = f.splat(&Type::new(self.activations, &[r, cols - c]), 0.0);
+                f.concat(&[v, zeros], 1)
+            } else {
+                v
+            };
+            if rows > r {
+                let zeros = f.splat(&Type::new(self.activations, &[rows - r, cols]), 0.0);
+                f.concat(&[v, zeros], 0)
+            } else {
+                v
+            }
+        };
+        let parts: Vec<Value> = (0..n)
+            .map(|i| {
+                let ai = f.slice(a, &[i, 0, 0], &[i + 1, m, k]);
+                let ai = f.reshape(&ai, &[m, k]);
+                let ai = pad(f, &ai, m, kp);
+                let bi = f.slice(b, &[i, 0, 0], &[i + 1, p, k]);
+                let bi = f.reshape(&bi, &[p, k]);
+                let bi = pad(f, &bi, pp, kp);
+                let bt = f.reshape(&bi, &[pp / tile.rows, tile.rows, kp / tile.depth, tile.depth]);
+                let bt = f.transpose(&bt, &[0, 2, 1, 3]);
+                let y = self.linear_tiled_rows(f, &ai, &bt, None, kind);
+                let y = if pp > p { f.slice(&y, &[0, 0], &[m, p]) } else { y };
+                f.reshape(&y, &[1, m, p])
+            })
+            .collect();
+        if parts.len() == 1 { parts[0].clone() } else { f.concat(&parts, 0) }
     }
 
     /// The weight of an affine-quantized linear, `[out, groups, group_size]` in the accumulator:
@@ -908,12 +988,18 @@ impl NumericContract {
     }
 
     /// Softmax over the last dimension in the accumulator (max-subtracted, the maximum as
-    /// [`max_last`] writes it), rounded to the activation dtype.
+    /// [`max_last`] writes it), rounded to the activation dtype. Under bf16 activations summed in
+    /// pairs it is torch's AVX-512 kernel's to the bit ([`torch_softmax_last`]); elsewhere the
+    /// backend's `exp`, sum and division.
     pub fn softmax(&self, f: &mut Func, x: &Value) -> Value {
         let shape = x.shape().to_vec();
         let last = shape.len() - 1;
         let lead: Vec<usize> = (0..last).collect();
         let xa = f.convert(x, self.accumulate);
+        if self.follows_torch_avx512() {
+            let p = torch_softmax_last(f, &xa);
+            return self.round(f, &p);
+        }
         let m = max_last(f, &xa);
         let mb = f.broadcast(&m, &shape, &lead);
         let shifted = f.sub(&xa, &mb);
@@ -1209,6 +1295,129 @@ fn sum_in_order(f: &mut Func, x: &Value, dim: usize) -> Value {
 }
 
 /// `acc + x`, where no `acc` is zero (`0 + x` is `x`, so none is emitted).
+/// Lanes of torch's f32 vectors on a CPU with AVX-512 (`Vectorized<float>::size()`).
+const TORCH_AVX512_LANES: usize = 16;
+
+/// `softmax` over the last dimension of the f32 `x`, as torch 2.15's CPU kernel on AVX-512
+/// (`_vec_softmax_lastdim<float>`) computes it, to the bit: the row's maximum, each input less it
+/// through Sleef's `expf` ([`sleef_expf_u10`]), the exponentials summed in 16 lanes
+/// ([`torch_vec_sum_last`]), and each multiplied by `1 / sum` rounded (not divided by the sum).
+/// Emulated in numpy against torch on an AMD Zen 4: 0 of 6.5 million outputs differ over rows of
+/// 5 to 1600 inputs (masked with -inf or a dtype's minimum too), where the backend's `exp` and
+/// order made transformers' bf16 logits part from row 23 of a real-width prompt.
+pub(crate) fn torch_softmax_last(f: &mut Func, x: &Value) -> Value {
+    let shape = x.shape().to_vec();
+    let lead: Vec<usize> = (0..shape.len() - 1).collect();
+    let m = max_last(f, x);
+    let mb = f.broadcast(&m, &shape, &lead);
+    let shifted = f.sub(x, &mb);
+    let e = sleef_expf_u10(f, &shifted);
+    let sum = torch_vec_sum_last(f, &e);
+    let one = f.splat(sum.ty(), 1.0);
+    let r = f.div(&one, &sum);
+    let rb = f.broadcast(&r, &shape, &lead);
+    f.mul(&e, &rb)
+}
+
+/// The f32 bits of each Sleef constant of `expf` (`xexpf`, its single-precision AVX-512 build).
+const SLEEF_R_LN2F: u32 = 0x3FB8_AA3B;
+const SLEEF_L2UF: u32 = 0x3F31_7200;
+const SLEEF_L2LF: u32 = 0x35BF_BE8E;
+const SLEEF_EXPF_POLY: [u32; 6] = [0x3950_2BDA, 0x3AB6_96C9, 0x3C08_88A6, 0x3D2A_AA7A, 0x3E2A_AAAB, 0x3F00_0000];
+
+/// `exp(d)` of f32 `d` as Sleef's `Sleef_expf16_u10` (what torch's `Vectorized<float>::exp`
+/// calls on AVX-512) computes it: `q = round(d * log2(e))`, `s = d - q * ln2` in two fused steps
+/// (ln2 split in an upper and a lower part), a degree-5 polynomial in `s` by fused multiply-adds,
+/// `1 + (s^2 * p + s)`, then scaled by `2^q` as two powers of two (so no intermediate overflows);
+/// 0 below -104, infinity above 100. Every `fma` rounds once, as the instruction does.
+fn sleef_expf_u10(f: &mut Func, d: &Value) -> Value {
+    let ty = d.ty().clone();
+    let ity = ty.with_elem(Elem::I32);
+    let c = |f: &mut Func, bits: u32| f.splat(&ty, f64::from(f32::from_bits(bits)));
+    let ci = |f: &mut Func, v: i64| f.splat(&ity, v as f64);
+    let ln2e = c(f, SLEEF_R_LN2F);
+    let t = f.mul(d, &ln2e);
+    // Bounded so the integer conversion is defined; outside (-104, 100) the result is replaced.
+    let (lo, hi) = (f.splat(&ty, -200.0), f.splat(&ty, 200.0));
+    let t = f.max(&t, &lo);
+    let t = f.min(&t, &hi);
+    let qf = f.round_even(&t);
+    let q = f.convert(&qf, Elem::I32);
+    let l2u = c(f, SLEEF_L2UF | 0x8000_0000);
+    let l2l = c(f, SLEEF_L2LF | 0x8000_0000);
+    let s = f.fma(&qf, &l2u, d);
+    let s = f.fma(&qf, &l2l, &s);
+    let mut u = c(f, SLEEF_EXPF_POLY[0]);
+    for bits in &SLEEF_EXPF_POLY[1..] {
+        let k = c(f, *bits);
+        u = f.fma(&u, &s, &k);
+    }
+    let s2 = f.mul(&s, &s);
+    let u = f.fma(&s2, &u, &s);
+    let one = f.splat(&ty, 1.0);
+    let u = f.add(&one, &u);
+    // 2^q as 2^(q >> 1) * 2^(q - (q >> 1)), each from its exponent bits.
+    let one_i = ci(f, 1);
+    let h = f.shift_right_arithmetic(&q, &one_i);
+    let rest = f.sub(&q, &h);
+    let pow2 = |f: &mut Func, k: &Value| {
+        let bias = ci(f, 127);
+        let e = f.add(k, &bias);
+        let place = ci(f, 1 << 23);
+        let bits = f.mul(&e, &place);
+        f.bitcast_convert(&bits, Elem::F32)
+    };
+    let ph = pow2(f, &h);
+    let pr = pow2(f, &rest);
+    let u = f.mul(&u, &ph);
+    let u = f.mul(&u, &pr);
+    let (under, over) = (f.splat(&ty, -104.0), f.splat(&ty, 100.0));
+    let zero = f.splat(&ty, 0.0);
+    let inf = f.splat(&ty, f64::INFINITY);
+    let small = f.compare(Compare::Lt, d, &under);
+    let u = f.select(&small, &zero, &u);
+    let large = f.compare(Compare::Gt, d, &over);
+    f.select(&large, &inf, &u)
+}
+
+/// The sum over the last dimension of the f32 `x` `[.., n]` as torch's `vec::reduce_all` adds it
+/// on AVX-512: the row in vectors of 16 lanes, each lane summing its inputs in order (the last,
+/// partial vector into the first lanes), then the lanes halved: lane `i` plus lane `i + 8`, then
+/// `+ 4`, `+ 2`, `+ 1`. Rows of fewer than 16 inputs are summed one input at a time, in order.
+/// Each lane's sum is a `linalg.mmt4d` of the row's vectors against ones (one f32 lane per
+/// output, its inputs in order, as [`NumericContract::linear_tiled`]'s f32 tiles).
+fn torch_vec_sum_last(f: &mut Func, x: &Value) -> Value {
+    let shape = x.shape().to_vec();
+    let (lead, n) = shape.split_at(shape.len() - 1);
+    let (n, rows) = (n[0], lead.iter().product::<usize>());
+    let flat = f.reshape(x, &[rows, n]);
+    if n < TORCH_AVX512_LANES {
+        let total = sum_in_order(f, &flat, 1);
+        return f.reshape(&total, lead);
+    }
+    let lanes = TORCH_AVX512_LANES;
+    let padded = n.next_multiple_of(lanes);
+    let row = if padded > n {
+        let zeros = f.splat(&Type::new(x.elem(), &[rows, padded - n]), 0.0);
+        f.concat(&[flat, zeros], 1)
+    } else {
+        flat
+    };
+    let vectors = padded / lanes;
+    let rhs = f.reshape(&row, &[rows, vectors, lanes, 1]);
+    let ones = f.splat(&Type::new(x.elem(), &[1, vectors, 1, 1]), 1.0);
+    let acc = f.mmt4d(&ones, &rhs, x.elem());
+    let mut acc = f.reshape(&acc, &[rows, lanes]);
+    let mut width = lanes;
+    while width > 1 {
+        width /= 2;
+        let low = f.slice(&acc, &[0, 0], &[rows, width]);
+        let high = f.slice(&acc, &[0, width], &[rows, 2 * width]);
+        acc = f.add(&low, &high);
+    }
+    f.reshape(&acc, lead)
+}
+
 fn add_to(f: &mut Func, acc: Option<Value>, x: Value) -> Value {
     match acc {
         Some(a) => f.add(&a, &x),

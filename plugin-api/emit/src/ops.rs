@@ -142,8 +142,33 @@ impl Func {
     pub fn shift_right_logical(&mut self, a: &Value, b: &Value) -> Value {
         self.binary("shift_right_logical", a, b)
     }
+    /// `a >> b`, shifting the sign in.
+    pub fn shift_right_arithmetic(&mut self, a: &Value, b: &Value) -> Value {
+        self.binary("shift_right_arithmetic", a, b)
+    }
     pub fn div(&mut self, a: &Value, b: &Value) -> Value {
         self.binary("divide", a, b)
+    }
+
+    /// `a * b + c` rounded once (a fused multiply-add), elementwise over floats of one type.
+    /// StableHLO has no such operation, and a multiply then an add round twice, so it is said
+    /// as `math.fma` in a `linalg.map`, which the CPU backend lowers to the FMA instruction.
+    pub fn fma(&mut self, a: &Value, b: &Value, c: &Value) -> Value {
+        if a.ty != b.ty || a.ty != c.ty || !a.ty.elem.is_float() {
+            return self.fail("fma", format!("{}, {}, {}", a.ty, b.ty, c.ty), a.ty.clone());
+        }
+        let init = self.splat(&a.ty, 0.0);
+        let t = &a.ty;
+        self.emit(
+            t.clone(),
+            format!(
+                "linalg.map {{ math.fma }} ins({}, {}, {} : {t}, {t}, {t}) outs({} : {t})",
+                a.name(),
+                b.name(),
+                c.name(),
+                init.name()
+            ),
+        )
     }
     pub fn max(&mut self, a: &Value, b: &Value) -> Value {
         self.binary("maximum", a, b)
@@ -442,7 +467,7 @@ impl Func {
 
     /// `linalg.mmt4d`: `lhs [m1, k1, m0, k0]` times `rhs [n1, k1, n0, k0]` into
     /// `[m1, n1, m0, n0]` in `acc`, each operand widened to it inside the operation (so a 16-bit
-    /// `rhs` is read as it is stored). The only linalg operation a graph emits: StableHLO has no
+    /// `rhs` is read as it is stored). One of two linalg operations a graph emits (with [`Func::fma`]): StableHLO has no
     /// contraction over pre-tiled operands, and IREE compiles `linalg.mmt4d` with its
     /// tile-by-tile codegen (one vector lane per output column), or its mmt4d microkernel where a
     /// module enables it.

@@ -376,11 +376,11 @@ fn bf16_quick_gelu_uses_torchs_sigmoid_and_rounds_after_each_tensor_op() {
 
 #[test]
 fn the_contract_version_names_the_activations_it_defines() {
-    assert_eq!(crate::CONTRACT_VERSION, 18);
-    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v18:act=f32:acc=f32");
+    assert_eq!(crate::CONTRACT_VERSION, 19);
+    assert_eq!(NumericContract::f32().fingerprint(), "numeric-contract=v19:act=f32:acc=f32");
     assert_eq!(
         NumericContract::bf16(crate::Bf16Dot::InOrder).fingerprint(),
-        "numeric-contract=v18:act=bf16:acc=f32:bf16-dot=in-order"
+        "numeric-contract=v19:act=bf16:acc=f32:bf16-dot=in-order"
     );
 }
 
@@ -561,7 +561,7 @@ fn the_contract_descriptor_states_every_choice_and_is_stable() {
     assert!(
         dense
             .to_json()
-            .starts_with("{\"version\":18,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
+            .starts_with("{\"version\":19,\"sources\":[\"bf16\"],\"activations\":\"f32\",\"accumulate\":\"f32\"")
     );
     assert_eq!(dense.bf16_dot, None, "f32 activations sum no bf16 products");
     assert!(!dense.to_json().contains("\"bf16_dot\":"), "{}", dense.to_json());
@@ -702,6 +702,69 @@ fn a_bf16_linear_summed_in_pairs_restarts_every_block_of_inputs_over_a_prompts_r
     }
     let in_order = render(NumericContract::bf16(crate::Bf16Dot::InOrder), crate::Tiles::f32(32), 8, 2560, prompt);
     assert_eq!(in_order.lines().filter(|l| l.contains("linalg.mmt4d")).count(), 1, "{in_order}");
+}
+
+/// Mutation-sensitive: under bf16 pairs the softmax is torch's AVX-512 form (Sleef's `expf` by
+/// fused multiply-adds, the exponentials' 16 lanes summed by one `mmt4d` and halved, times the
+/// reciprocal); every other contract keeps the backend's `exp` and division.
+#[test]
+fn the_bf16_pairs_softmax_is_torchs_avx512_form() {
+    let render = |c: NumericContract, n: usize| {
+        let mut m = Module::new("m");
+        let (mut f, a) = m.func("f", &[Type::new(Elem::BF16, &[3, n])]);
+        let y = c.softmax(&mut f, &a[0]);
+        m.add_func(f, &[y]);
+        m.finish().expect("valid")
+    };
+    let count = |text: &str, op: &str| text.lines().filter(|l| l.contains(op)).count();
+    let torch = render(NumericContract::bf16(crate::Bf16Dot::Pairs), 40);
+    assert_eq!(count(&torch, "math.fma"), 8, "two steps of the reduction, six of the polynomial: {torch}");
+    assert_eq!(count(&torch, "stablehlo.exponential"), 0, "{torch}");
+    assert_eq!(count(&torch, "linalg.mmt4d"), 1, "{torch}");
+    assert!(torch.contains("tensor<1x3x1x16xf32>"), "16 lanes a row: {torch}");
+    assert!(torch.contains("tensor<3x3x16x1xf32>"), "40 inputs padded to 3 vectors: {torch}");
+    // Fewer inputs than a vector: one at a time, no lanes.
+    let short = render(NumericContract::bf16(crate::Bf16Dot::Pairs), 5);
+    assert_eq!(count(&short, "linalg.mmt4d"), 0, "{short}");
+    for c in [NumericContract::bf16(crate::Bf16Dot::InOrder), NumericContract::f32()] {
+        let text = render(c, 40);
+        assert_eq!((count(&text, "math.fma"), count(&text, "stablehlo.exponential")), (0, 1), "{text}");
+        assert!(count(&text, "stablehlo.divide") >= 1, "{text}");
+    }
+}
+
+/// Mutation-sensitive: attention's products over a prompt's rows, summed in pairs, contract each
+/// head's second operand in bf16 tiles (padded to whole tiles) with the linears' blocks; a
+/// decode step's, and every other contract's, keep one `dot_general` in the backend's order.
+#[test]
+fn a_prompts_attention_products_sum_in_pairs_per_head() {
+    let render = |c: NumericContract, n: usize, m: usize, p: usize, k: usize, kind: crate::Rows| {
+        let mut m_ = Module::new("m");
+        let (mut f, a) = m_.func("f", &[Type::new(Elem::BF16, &[n, m, k]), Type::new(Elem::BF16, &[n, p, k])]);
+        let y = c.matmul_nt_rows(&mut f, &a[0], &a[1], kind);
+        assert_eq!(y.ty(), &Type::new(c.activations, &[n, m, p]));
+        m_.add_func(f, &[y]);
+        m_.finish().expect("valid")
+    };
+    let count = |text: &str, op: &str| text.lines().filter(|l| l.contains(op)).count();
+    let pairs = NumericContract::bf16(crate::Bf16Dot::Pairs);
+    let (prompt, by_count) = (crate::Rows::Prompt, crate::Rows::ByCount);
+    assert!(pairs.attends_in_pairs(prompt) && !pairs.attends_in_pairs(by_count));
+    // Scores: 2 heads, 40 keys padded to 48 (3 tiles), 128 wide (one block).
+    let scores = render(pairs, 2, 12, 40, 128, prompt);
+    assert_eq!(count(&scores, "linalg.mmt4d"), 2, "{scores}");
+    assert!(scores.contains("tensor<3x64x16x2xbf16>) outs("), "{scores}");
+    assert_eq!(count(&scores, "stablehlo.dot_general"), 0, "{scores}");
+    // Outputs: 1600 keys, two blocks of pairs per head.
+    let outputs = render(pairs, 1, 12, 128, 1600, prompt);
+    assert_eq!(count(&outputs, "linalg.mmt4d"), 2, "{outputs}");
+    assert!(outputs.contains("tensor<8x512x16x2xbf16>) outs(") && outputs.contains("tensor<8x288x16x2xbf16>) outs("));
+    for (c, kind) in
+        [(pairs, by_count), (NumericContract::bf16(crate::Bf16Dot::InOrder), prompt), (NumericContract::f32(), prompt)]
+    {
+        let text = render(c, 2, 12, 40, 128, kind);
+        assert_eq!((count(&text, "linalg.mmt4d"), count(&text, "stablehlo.dot_general")), (0, 1), "{kind:?}: {text}");
+    }
 }
 
 /// Mutation-sensitive: summed in order ([`crate::Bf16Dot::InOrder`], CPUs without AVX512-BF16),
