@@ -467,10 +467,10 @@ impl Func {
 
     /// `linalg.mmt4d`: `lhs [m1, k1, m0, k0]` times `rhs [n1, k1, n0, k0]` into
     /// `[m1, n1, m0, n0]` in `acc`, each operand widened to it inside the operation (so a 16-bit
-    /// `rhs` is read as it is stored). One of two linalg operations a graph emits (with [`Func::fma`]): StableHLO has no
-    /// contraction over pre-tiled operands, and IREE compiles `linalg.mmt4d` with its
-    /// tile-by-tile codegen (one vector lane per output column), or its mmt4d microkernel where a
-    /// module enables it.
+    /// `rhs` is read as it is stored). One of the two linalg operations a graph emits (the other is
+    /// [`Func::fma`]'s): StableHLO has no contraction over pre-tiled operands, and IREE compiles
+    /// `linalg.mmt4d` with its tile-by-tile codegen (one vector lane per output column), or its
+    /// mmt4d microkernel where a module enables it.
     pub fn mmt4d(&mut self, lhs: &Value, rhs: &Value, acc: Elem) -> Value {
         let (a, b) = (&lhs.ty.shape, &rhs.ty.shape);
         let shape = match (a.as_slice(), b.as_slice()) {
