@@ -45,10 +45,11 @@ pub(crate) enum Compute {
     F32,
     /// bf16 activations with f32 accumulation, on a bf16 checkpoint, the encoders of the families
     /// whose plugins offer it included (experimental: transformers in bf16 bit for bit on
-    /// small fixtures but for one row's rounding in one softmax, in either of its sums; at real
-    /// widths close but not bit for bit, most logits a few bf16 steps apart; faster than f32
-    /// only with AVX512-BF16). Its linears sum as the target CPU can
-    /// ([`mlxcel_emit::Bf16Dot::for_cpu`]).
+    /// small fixtures, but for one row's rounding in one softmax where the CPU lacks
+    /// AVX512-BF16; at real widths the text rows of a prompt bit for bit on an AMD Zen 4, the
+    /// image's rows and the encoder close but not bit for bit; faster than f32 only where
+    /// `vdpbf16ps` doubles the f32 multiply-add rate, as on a Zen 4 and not on an Intel Xeon with
+    /// AMX). Its linears sum as the target CPU can ([`mlxcel_emit::Bf16Dot::for_cpu`]).
     Bf16,
 }
 
@@ -65,9 +66,8 @@ impl Compute {
         match self {
             Compute::F32 => Ok(None),
             Compute::Bf16 if !allow_unqualified => bail!(
-                "--compute bf16 is experimental (transformers in bf16 bit for bit on small fixtures but for one row's \
-                 rounding in one softmax, and at real widths close but not bit for bit; not qualified); pass \
-                 --allow-unqualified to use it"
+                "--compute bf16 is experimental (transformers in bf16 bit for bit on small fixtures, and at real \
+                 widths close but not bit for bit; not qualified); pass --allow-unqualified to use it"
             ),
             Compute::Bf16 => {
                 let avx512_bf16 = Target::Cpu { cpu: target_cpu.to_owned() }.has_avx512_bf16();

@@ -301,7 +301,11 @@ const DEQUANTIZATION: &str = "MLX affine: integers packed least significant firs
 /// all inputs missed up to 1 in 2000 (`tools/oracle/gen_torch_linears.py` keeps such outputs).
 /// One row of `x` takes another path in torch, which neither order reproduces (1 to 3 outputs
 /// in 2048 differ either way at 2048 to 8960 inputs); decode steps keep one run over all inputs
-/// ([`NumericContract::linear_tiled_rows`]).
+/// ([`NumericContract::linear_tiled_rows`]). A CPU with AMX (an Intel Xeon with `amx_bf16`) runs
+/// torch's bf16 gemms on AMX tiles instead, whose sums neither order states: there 11 of the
+/// fixture's 2,368 outputs part from the Zen 4 goldens, and a 311-row prompt's 1536-input linear
+/// parts from these blocks in 27 of 79,616 outputs (0 with oneDNN held to `AVX512_CORE_BF16`).
+/// IREE emits no AMX code, so the contract cannot follow torch there.
 pub const PAIRS_BLOCK_INPUTS: usize = 1024;
 
 /// At most this many rows of `x` per tile in [`NumericContract::linear_tiled`].
@@ -590,6 +594,9 @@ impl NumericContract {
     /// activations summed in pairs ([`Bf16Dot::Pairs`]), whose CPUs (AVX512-BF16) run torch's
     /// 16-lane f32 vectors. The softmax ([`torch_softmax_last`]) and a prompt's attention
     /// products ([`Self::matmul_nt_rows`]) follow them; elsewhere they keep the backend's order.
+    /// On a CPU with AMX the softmax is still torch's (its own AVX-512 kernel: 0 of the fixture's
+    /// 66,592 probabilities differ there), but torch's batched gemms run on AMX tiles, whose sums
+    /// the attention products do not follow ([`PAIRS_BLOCK_INPUTS`]).
     fn follows_torch_avx512(&self) -> bool {
         self.activations == Elem::BF16 && self.bf16_dot == Bf16Dot::Pairs
     }
