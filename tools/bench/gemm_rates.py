@@ -156,6 +156,16 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fixtures", action="store_true", help="also torch's outputs against the torch_* goldens")
     args = ap.parse_args()
+    try:
+        rows_list = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        ap.error(f"--rows takes whole numbers separated by commas, not {args.rows!r}")
+    if min(rows_list + [args.inputs, args.out, args.threads]) < 1:
+        ap.error("--rows, --inputs, --out and --threads must be positive")
+    if args.inputs % 2 or args.out % 32:
+        ap.error("IREE's tiles need an even --inputs and an --out that is a multiple of 32")
+    if not (REPO / ".venv/bin/iree-compile").exists():
+        ap.error(f"{REPO / '.venv/bin/iree-compile'} is missing: run `. tools/dev/setup.sh` first")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -163,7 +173,7 @@ def main() -> int:
     report = {"cpu_amx": sorted(f for f in flags if f.startswith("amx")),
               "avx512_bf16": "avx512_bf16" in flags, "torch": torch.__version__, "rows": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for rows in [int(r) for r in args.rows.split(",")]:
+        for rows in rows_list:
             flop = 2 * rows * args.inputs * args.out
             line = {}
             for name, isa in (("torch", None), ("torch-avx512", "AVX512_CORE_BF16")):
